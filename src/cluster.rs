@@ -1,0 +1,462 @@
+//! The connection to Redis Cluster: one multiplexed cluster connection shared
+//! by every request, the slot map, readiness, and the dedicated per-master
+//! connections that confirms need for `WAIT`.
+//!
+//! The cluster connection is made in the background and remade when it
+//! fails, so the daemon starts (and answers `/healthz`) before the cluster is
+//! reachable, and is simply not ready until it is.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
+use tokio::sync::watch;
+
+use crate::error::{Error, RedisFault};
+use crate::keys::SLOTS;
+use crate::scripts::Scripts;
+
+/// How to reach the cluster.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// Seed nodes, `redis://` or `rediss://` URLs.
+    pub nodes: Vec<String>,
+    /// ACL user name, when not in the URLs.
+    pub username: Option<String>,
+    /// Password, when not in the URLs.
+    pub password: Option<String>,
+    /// The longest any request waits on Redis.
+    pub timeout: Duration,
+}
+
+/// Errors of the cluster configuration, found before anything connects.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("no Redis seed nodes given (--redis-nodes / SEATHOLD_REDIS_NODES)")]
+    NoNodes,
+    #[error("Redis node URL {url:?} is not usable: {reason}")]
+    BadUrl { url: String, reason: String },
+}
+
+/// The masters and who serves each slot, from `CLUSTER SLOTS`.
+#[derive(Debug, Clone, Default)]
+pub struct Topology {
+    /// Master addresses `host:port`, sorted.
+    pub masters: Vec<String>,
+    /// For each covered slot range: first slot, last slot, index into `masters`.
+    ranges: Vec<(u16, u16, usize)>,
+}
+
+impl Topology {
+    /// Parses a `CLUSTER SLOTS` reply.
+    pub fn from_cluster_slots(reply: &Value) -> Option<Self> {
+        let Value::Array(entries) = reply else {
+            return None;
+        };
+        let mut raw = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let Value::Array(fields) = entry else {
+                return None;
+            };
+            let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(master))) =
+                (fields.first(), fields.get(1), fields.get(2))
+            else {
+                return None;
+            };
+            let host = match master.first()? {
+                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                Value::SimpleString(s) => s.clone(),
+                _ => return None,
+            };
+            let Value::Int(port) = master.get(1)? else {
+                return None;
+            };
+            raw.push((
+                u16::try_from(*start).ok()?,
+                u16::try_from(*end).ok()?,
+                format!("{host}:{port}"),
+            ));
+        }
+        let mut masters: Vec<String> = raw.iter().map(|(_, _, m)| m.clone()).collect();
+        masters.sort();
+        masters.dedup();
+        let mut ranges: Vec<(u16, u16, usize)> = raw
+            .into_iter()
+            .filter_map(|(s, e, m)| masters.binary_search(&m).ok().map(|i| (s, e, i)))
+            .collect();
+        ranges.sort_unstable();
+        Some(Self { masters, ranges })
+    }
+
+    /// The master serving `slot`.
+    pub fn master_of(&self, slot: u16) -> Option<&str> {
+        let i = self.ranges.partition_point(|&(start, _, _)| start <= slot);
+        let &(start, end, m) = self.ranges.get(i.checked_sub(1)?)?;
+        (start <= slot && slot <= end).then(|| self.masters[m].as_str())
+    }
+
+    /// Number of slots some master serves.
+    pub fn covered_slots(&self) -> u32 {
+        self.ranges
+            .iter()
+            .map(|&(s, e, _)| u32::from(e) - u32::from(s) + 1)
+            .sum()
+    }
+}
+
+/// The Redis side of the daemon.
+pub struct Cluster {
+    client: ClusterClient,
+    conn: RwLock<Option<ClusterConnection>>,
+    /// Template for dedicated connections: credentials and TLS of the first seed.
+    node_template: ConnectionInfo,
+    topology: RwLock<Arc<Topology>>,
+    /// Idle dedicated connections per master, for confirm + WAIT.
+    confirm_pool: Mutex<HashMap<String, Vec<MultiplexedConnection>>>,
+    scripts: Scripts,
+    timeout: Duration,
+    ready: AtomicBool,
+    /// Milliseconds since `started` of the last successful round trip.
+    last_ok_ms: AtomicU64,
+    started: Instant,
+    topology_changed: watch::Sender<Arc<Topology>>,
+}
+
+impl Cluster {
+    /// Checks the options and builds the client; connects nothing yet.
+    pub fn new(opts: &RedisOptions, scripts: Scripts) -> Result<Arc<Self>, ConfigError> {
+        if opts.nodes.is_empty() {
+            return Err(ConfigError::NoNodes);
+        }
+        let mut infos = Vec::with_capacity(opts.nodes.len());
+        for url in &opts.nodes {
+            let info = url
+                .as_str()
+                .into_connection_info()
+                .map_err(|e| ConfigError::BadUrl {
+                    url: url.clone(),
+                    reason: e.to_string(),
+                })?;
+            if !matches!(
+                info.addr(),
+                ConnectionAddr::Tcp(..) | ConnectionAddr::TcpTls { .. }
+            ) {
+                return Err(ConfigError::BadUrl {
+                    url: url.clone(),
+                    reason: "Redis Cluster needs a TCP address".into(),
+                });
+            }
+            let mut settings = info.redis_settings().clone();
+            if let Some(user) = &opts.username {
+                settings = settings.set_username(user);
+            }
+            if let Some(pass) = &opts.password {
+                settings = settings.set_password(pass);
+            }
+            infos.push(info.set_redis_settings(settings));
+        }
+        let node_template = infos[0].clone();
+        let mut builder = ClusterClientBuilder::new(infos.clone())
+            .connection_timeout(opts.timeout)
+            .response_timeout(opts.timeout)
+            .retries(2)
+            .min_retry_wait(10)
+            .max_retry_wait(200);
+        if let Some(user) = &opts.username {
+            builder = builder.username(user);
+        }
+        if let Some(pass) = &opts.password {
+            builder = builder.password(pass);
+        }
+        let client = builder.build().map_err(|e| ConfigError::BadUrl {
+            url: opts.nodes.join(","),
+            reason: e.to_string(),
+        })?;
+        let (topology_changed, _) = watch::channel(Arc::new(Topology::default()));
+        Ok(Arc::new(Self {
+            client,
+            conn: RwLock::new(None),
+            node_template,
+            topology: RwLock::new(Arc::new(Topology::default())),
+            confirm_pool: Mutex::new(HashMap::new()),
+            scripts,
+            timeout: opts.timeout,
+            ready: AtomicBool::new(false),
+            last_ok_ms: AtomicU64::new(0),
+            started: Instant::now(),
+            topology_changed,
+        }))
+    }
+
+    /// The scripts this cluster runs.
+    pub fn scripts(&self) -> &Scripts {
+        &self.scripts
+    }
+
+    /// The longest a request waits on Redis.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Whether the cluster can serve holds, as last checked in the background.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// The current slot map.
+    pub fn topology(&self) -> Arc<Topology> {
+        self.topology
+            .read()
+            .map(|t| Arc::clone(&t))
+            .unwrap_or_default()
+    }
+
+    /// Notified with every new slot map.
+    pub fn watch_topology(&self) -> watch::Receiver<Arc<Topology>> {
+        self.topology_changed.subscribe()
+    }
+
+    /// A handle on the shared cluster connection (a cheap clone of a
+    /// multiplexed connection), or 503 while there is none.
+    pub fn conn(&self) -> Result<ClusterConnection, Error> {
+        self.conn
+            .read()
+            .ok()
+            .and_then(|c| c.clone())
+            .ok_or_else(|| {
+                Error::RedisUnavailable(
+                    RedisFault::NotConnected,
+                    "no connection to Redis Cluster yet".into(),
+                )
+            })
+    }
+
+    /// Runs `fut` with the Redis timeout; on failure counts the fault.
+    pub async fn bounded<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        let result = match tokio::time::timeout(self.timeout, fut).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::RedisUnavailable(
+                RedisFault::Timeout,
+                format!(
+                    "no answer from Redis within {} ms",
+                    self.timeout.as_millis()
+                ),
+            )),
+        };
+        match &result {
+            Err(Error::RedisUnavailable(fault, detail)) => {
+                metrics::counter!(crate::metrics::REDIS_ERRORS, "kind" => fault.label())
+                    .increment(1);
+                tracing::warn!(kind = fault.label(), %detail, "Redis request failed");
+            }
+            Err(Error::Internal(detail)) => tracing::error!(%detail, "unexpected Redis reply"),
+            _ => {
+                self.last_ok_ms.store(self.elapsed_ms(), Ordering::Relaxed);
+            }
+        }
+        result
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Background work: connect (and reconnect), keep the slot map and
+    /// readiness current. Ends when `shutdown` turns true.
+    pub async fn maintain(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let interval = Duration::from_millis(500);
+        loop {
+            self.check_once().await;
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+        }
+    }
+
+    async fn check_once(&self) {
+        let connected = self.conn.read().map(|c| c.is_some()).unwrap_or(false);
+        if !connected {
+            match tokio::time::timeout(self.timeout, self.client.get_async_connection()).await {
+                Ok(Ok(conn)) => {
+                    tracing::info!("connected to Redis Cluster");
+                    if let Ok(mut slot) = self.conn.write() {
+                        *slot = Some(conn);
+                    }
+                }
+                Ok(Err(err)) => {
+                    self.set_ready(false, &format!("cannot connect to Redis Cluster: {err}"));
+                    return;
+                }
+                Err(_) => {
+                    self.set_ready(false, "cannot connect to Redis Cluster: timed out");
+                    return;
+                }
+            }
+        }
+        let ready = self.probe().await;
+        match ready {
+            Ok(()) => self.set_ready(true, "Redis Cluster is ready"),
+            Err(why) => self.set_ready(false, &why),
+        }
+    }
+
+    /// One readiness probe: the slot map covers every slot, every master
+    /// has the scripts, and the cluster reports itself ok.
+    async fn probe(&self) -> Result<(), String> {
+        let mut conn = self.conn().map_err(|e| e.to_string())?;
+        let work = async {
+            let slots: Value = redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async(&mut conn)
+                .await?;
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query_async(&mut conn)
+                .await?;
+            Ok::<_, redis::RedisError>((slots, info))
+        };
+        let (slots, info) = match tokio::time::timeout(self.timeout, work).await {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => {
+                metrics::counter!(crate::metrics::REDIS_ERRORS, "kind" => RedisFault::of(&e).label()).increment(1);
+                return Err(format!("Redis probe failed: {e}"));
+            }
+            Err(_) => {
+                metrics::counter!(crate::metrics::REDIS_ERRORS, "kind" => RedisFault::Timeout.label()).increment(1);
+                return Err("Redis probe timed out".into());
+            }
+        };
+        let topo = Topology::from_cluster_slots(&slots).ok_or("unexpected CLUSTER SLOTS reply")?;
+        self.install_topology(topo).await;
+        if !info.lines().any(|l| l.trim() == "cluster_state:ok") {
+            return Err("Redis reports cluster_state other than ok".into());
+        }
+        let covered = self.topology().covered_slots();
+        if covered != u32::from(SLOTS) {
+            return Err(format!("only {covered} of 16384 slots are served"));
+        }
+        self.last_ok_ms.store(self.elapsed_ms(), Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn install_topology(&self, topo: Topology) {
+        let changed =
+            self.topology().masters != topo.masters || self.topology().ranges != topo.ranges;
+        if !changed {
+            return;
+        }
+        tracing::info!(masters = ?topo.masters, "Redis Cluster topology changed");
+        metrics::counter!(crate::metrics::TOPOLOGY_CHANGES).increment(1);
+        metrics::gauge!(crate::metrics::MASTERS).set(topo.masters.len() as f64);
+        let topo = Arc::new(topo);
+        if let Ok(mut t) = self.topology.write() {
+            *t = Arc::clone(&topo);
+        }
+        // New masters (a promoted replica) get the scripts now, not on the
+        // first NOSCRIPT.
+        if let Err(e) = self.load_scripts().await {
+            tracing::warn!(error = %e, "could not load scripts on every master");
+        }
+        self.topology_changed.send_replace(topo);
+    }
+
+    /// `SCRIPT LOAD` of every script on every master.
+    pub async fn load_scripts(&self) -> Result<(), Error> {
+        let mut conn = self.conn()?;
+        let load = async {
+            for script in self.scripts.all() {
+                let _: Value = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(script.body())
+                    .query_async(&mut conn)
+                    .await?;
+            }
+            Ok::<_, redis::RedisError>(())
+        };
+        match tokio::time::timeout(self.timeout, load).await {
+            Ok(r) => r.map_err(Error::from),
+            Err(_) => Err(Error::RedisUnavailable(
+                RedisFault::Timeout,
+                "SCRIPT LOAD timed out".into(),
+            )),
+        }
+    }
+
+    fn set_ready(&self, ready: bool, why: &str) {
+        let was = self.ready.swap(ready, Ordering::Relaxed);
+        metrics::gauge!(crate::metrics::CLUSTER_READY).set(if ready { 1.0 } else { 0.0 });
+        if was != ready {
+            if ready {
+                tracing::info!("{why}");
+            } else {
+                tracing::warn!(reason = why, "not ready");
+            }
+        }
+    }
+
+    /// Takes an idle dedicated connection to the master at `addr`, or opens
+    /// one. Only one request uses such a connection at a time, because
+    /// `WAIT` blocks it and counts its writes.
+    pub async fn dedicated(&self, addr: &str) -> Result<MultiplexedConnection, Error> {
+        if let Some(conn) = self
+            .confirm_pool
+            .lock()
+            .ok()
+            .and_then(|mut p| p.get_mut(addr).and_then(Vec::pop))
+        {
+            return Ok(conn);
+        }
+        let (host, port) = addr
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
+            .ok_or_else(|| Error::Internal(format!("bad node address {addr}")))?;
+        let node_addr = match self.node_template.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(host, port),
+        };
+        let info = self.node_template.clone().set_addr(node_addr);
+        let client = redis::Client::open(info)?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        Ok(client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?)
+    }
+
+    /// Gives a dedicated connection back after a clean use.
+    pub fn give_back(&self, addr: &str, conn: MultiplexedConnection) {
+        if let Ok(mut pool) = self.confirm_pool.lock() {
+            let idle = pool.entry(addr.to_owned()).or_default();
+            // Bounded: a burst of confirms must not leave many idle sockets.
+            if idle.len() < 16 {
+                idle.push(conn);
+            }
+        }
+    }
+
+    /// Forces a fresh slot map, after a MOVED or a failed node.
+    pub async fn refresh_topology(&self) {
+        if let Err(why) = self.probe().await {
+            tracing::warn!(reason = %why, "topology refresh failed");
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! The command line. Every flag also reads an environment variable, so the
+//! daemon can be configured entirely from its deployment's environment.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::cluster::RedisOptions;
+use crate::hold::Limits;
+
+/// seathold: holds seats for high-traffic ticket sales on Redis Cluster.
+#[derive(Debug, Parser)]
+#[command(name = "seathold", version, about, long_about = None, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub serve: Options,
+}
+
+/// What to run.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the API against an existing Redis Cluster (the default).
+    Serve(Options),
+    /// Start a local Redis Cluster (3 masters, 3 replicas) from the
+    /// redis-server on PATH, in a temporary folder, and serve against it.
+    /// Ctrl-C stops the daemon and every process it started.
+    Dev(DevOptions),
+}
+
+/// Options of `seathold dev`.
+#[derive(Debug, Args)]
+pub struct DevOptions {
+    #[command(flatten)]
+    pub options: Options,
+    /// Masters of the local cluster.
+    #[arg(long, env = "SEATHOLD_DEV_MASTERS", default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub masters: u16,
+    /// Replicas per master of the local cluster.
+    #[arg(long, env = "SEATHOLD_DEV_REPLICAS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(0..=4))]
+    pub replicas: u16,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Options shared by `serve` and `dev`.
+#[derive(Debug, Clone, Args)]
+pub struct Options {
+    /// Address to serve HTTP on.
+    #[arg(long, env = "SEATHOLD_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// Redis Cluster seed nodes, comma-separated `redis://host:port` or
+    /// `rediss://host:port` URLs (credentials may be in the URLs). Ignored
+    /// by `dev`, which makes its own cluster.
+    #[arg(long, env = "SEATHOLD_REDIS_NODES", value_delimiter = ',')]
+    pub redis_nodes: Vec<String>,
+
+    /// Redis ACL user name (overrides one in the URLs).
+    #[arg(long, env = "SEATHOLD_REDIS_USERNAME")]
+    pub redis_username: Option<String>,
+
+    /// Redis password (overrides one in the URLs). Prefer the environment
+    /// variable to the flag, which other users can see in the process list.
+    #[arg(long, env = "SEATHOLD_REDIS_PASSWORD", hide_env_values = true)]
+    pub redis_password: Option<String>,
+
+    /// Prefix of every key; must not contain braces. The default is the
+    /// reference design's, so its `SET … NX PX` and seathold see each other.
+    #[arg(long, env = "SEATHOLD_KEY_PREFIX", default_value = crate::keys::DEFAULT_PREFIX)]
+    pub key_prefix: String,
+
+    /// TTL of a hold when the request names none.
+    #[arg(long, env = "SEATHOLD_DEFAULT_TTL_MS", default_value_t = 300_000)]
+    pub default_ttl_ms: u64,
+
+    /// Longest TTL a hold or extend may ask for.
+    #[arg(long, env = "SEATHOLD_MAX_TTL_MS", default_value_t = 1_800_000)]
+    pub max_ttl_ms: u64,
+
+    /// Longest a hold may live from its creation, extends included
+    /// (measured with Redis's clock).
+    #[arg(
+        long,
+        env = "SEATHOLD_MAX_HOLD_LIFETIME_MS",
+        default_value_t = 7_200_000
+    )]
+    pub max_hold_lifetime_ms: u64,
+
+    /// Most seats in one hold (and in one batch seat-state read).
+    #[arg(long, env = "SEATHOLD_MAX_SEATS_PER_HOLD", default_value_t = 20)]
+    pub max_seats_per_hold: usize,
+
+    /// Replicas that must acknowledge a sale (Redis WAIT) before a confirm
+    /// answers 200; 0 skips WAIT.
+    #[arg(long, env = "SEATHOLD_CONFIRM_WAIT_REPLICAS", default_value_t = 1)]
+    pub confirm_wait_replicas: u32,
+
+    /// How long a confirm waits for those replicas; must be below
+    /// --redis-timeout-ms.
+    #[arg(
+        long,
+        env = "SEATHOLD_CONFIRM_WAIT_TIMEOUT_MS",
+        default_value_t = 1_000
+    )]
+    pub confirm_wait_timeout_ms: u64,
+
+    /// The longest any request waits on Redis; past it the answer is 503.
+    #[arg(long, env = "SEATHOLD_REDIS_TIMEOUT_MS", default_value_t = 2_000)]
+    pub redis_timeout_ms: u64,
+
+    /// After SIGTERM/SIGINT, how long to keep serving (with /readyz at 503)
+    /// so load balancers take the instance out of rotation.
+    #[arg(long, env = "SEATHOLD_SHUTDOWN_DRAIN_MS", default_value_t = 5_000)]
+    pub shutdown_drain_ms: u64,
+
+    /// Largest request body accepted; larger ones get 413.
+    #[arg(long, env = "SEATHOLD_MAX_BODY_BYTES", default_value_t = 65_536)]
+    pub max_body_bytes: usize,
+
+    /// Log format.
+    #[arg(long, env = "SEATHOLD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Log filter (tracing's EnvFilter syntax), e.g. `info` or
+    /// `seathold=debug` for a line per request.
+    #[arg(long, env = "SEATHOLD_LOG", default_value = "info")]
+    pub log: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        // The parser's own defaults, so the two can never disagree.
+        Cli::parse_from(["seathold"]).serve
+    }
+}
+
+/// A contradiction in the configuration.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {0}")]
+pub struct ConfigError(pub String);
+
+impl Options {
+    /// Checks what clap cannot: bounds that must agree with each other.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |m: String| Err(ConfigError(m));
+        if !crate::keys::valid_prefix(&self.key_prefix) {
+            return fail(format!("--key-prefix {:?} must not contain braces: they would change every key's hash slot", self.key_prefix));
+        }
+        if self.default_ttl_ms == 0 || self.default_ttl_ms > self.max_ttl_ms {
+            return fail(format!(
+                "--default-ttl-ms ({}) must be positive and at most --max-ttl-ms ({})",
+                self.default_ttl_ms, self.max_ttl_ms
+            ));
+        }
+        if self.max_ttl_ms > self.max_hold_lifetime_ms {
+            return fail(format!(
+                "--max-ttl-ms ({}) must be at most --max-hold-lifetime-ms ({})",
+                self.max_ttl_ms, self.max_hold_lifetime_ms
+            ));
+        }
+        if self.max_seats_per_hold == 0 {
+            return fail("--max-seats-per-hold must be at least 1".into());
+        }
+        if self.redis_timeout_ms == 0 {
+            return fail("--redis-timeout-ms must be positive".into());
+        }
+        if self.confirm_wait_replicas > 0 && self.confirm_wait_timeout_ms == 0 {
+            return fail(
+                "--confirm-wait-timeout-ms must be positive (0 would make WAIT block forever)"
+                    .into(),
+            );
+        }
+        if self.confirm_wait_timeout_ms >= self.redis_timeout_ms {
+            return fail(format!(
+                "--confirm-wait-timeout-ms ({}) must be below --redis-timeout-ms ({}), which bounds the whole confirm",
+                self.confirm_wait_timeout_ms, self.redis_timeout_ms
+            ));
+        }
+        if self.max_body_bytes < 256 {
+            return fail("--max-body-bytes must be at least 256".into());
+        }
+        Ok(())
+    }
+
+    /// The hold limits.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            default_ttl_ms: self.default_ttl_ms,
+            max_ttl_ms: self.max_ttl_ms,
+            max_hold_lifetime_ms: self.max_hold_lifetime_ms,
+            max_seats_per_hold: self.max_seats_per_hold,
+            confirm_wait_replicas: self.confirm_wait_replicas,
+            confirm_wait_timeout_ms: self.confirm_wait_timeout_ms,
+        }
+    }
+
+    /// How to reach Redis.
+    pub fn redis(&self) -> RedisOptions {
+        RedisOptions {
+            nodes: self
+                .redis_nodes
+                .iter()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            username: self.redis_username.clone(),
+            password: self.redis_password.clone(),
+            timeout: Duration::from_millis(self.redis_timeout_ms),
+        }
+    }
+}

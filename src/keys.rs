@@ -1,0 +1,183 @@
+//! Identifier rules, the key schema and Redis Cluster hash slots.
+//!
+//! Every key seathold writes for a show carries the hash tag `{show:<id>}`,
+//! so all of one show's keys live in one slot and a Lua script may touch them
+//! together. Seat keys are exactly the reference article's
+//! `<prefix>{show:<show>}:<seat>`; every other key continues the tag with `#`
+//! instead of `:`, so it can never equal a seat key of any valid seat id.
+
+use std::fmt::Write as _;
+
+/// Number of hash slots in a Redis Cluster.
+pub const SLOTS: u16 = 16384;
+
+/// Longest show or seat id the API accepts.
+pub const MAX_ID_LEN: usize = 64;
+
+/// Default key prefix, the reference article's.
+pub const DEFAULT_PREFIX: &str = "seat-hold:";
+
+/// Value prefix that marks a sold seat. A hold token is a UUID and can never
+/// start with it.
+pub const SOLD_PREFIX: &str = "sold:";
+
+/// Whether `id` is a valid show or seat id: 1 to 64 characters from
+/// `[A-Za-z0-9_.-]`.
+pub fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// Whether `prefix` can serve as a key prefix: braces would change the hash
+/// tag of every key, so they are refused.
+pub fn valid_prefix(prefix: &str) -> bool {
+    !prefix.contains(['{', '}'])
+}
+
+/// The hash slot Redis Cluster assigns to `key`: CRC16/XMODEM of the hash tag
+/// (the bytes between the first `{` and the first `}` after it, when that is
+/// not empty), else of the whole key, modulo 16384.
+pub fn slot(key: &[u8]) -> u16 {
+    let hashed = match key.iter().position(|&b| b == b'{') {
+        Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
+            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
+            _ => key,
+        },
+        None => key,
+    };
+    crc16::State::<crc16::XMODEM>::calculate(hashed) % SLOTS
+}
+
+/// Builds the keys of one deployment (one key prefix).
+#[derive(Debug, Clone)]
+pub struct KeySpace {
+    prefix: String,
+}
+
+impl KeySpace {
+    /// A key space with the given prefix; the caller has checked it with
+    /// [`valid_prefix`].
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+        }
+    }
+
+    /// The configured prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn tagged(&self, show: &str, extra: usize) -> String {
+        let mut key = String::with_capacity(self.prefix.len() + show.len() + 8 + extra);
+        key.push_str(&self.prefix);
+        key.push_str("{show:");
+        key.push_str(show);
+        key.push('}');
+        key
+    }
+
+    /// `<prefix>{show:<show>}:<seat>`: holds the token while held (with the
+    /// hold's TTL), `sold:<token>` without TTL once sold.
+    pub fn seat(&self, show: &str, seat: &str) -> String {
+        let mut key = self.tagged(show, seat.len() + 1);
+        key.push(':');
+        key.push_str(seat);
+        key
+    }
+
+    /// `<prefix>{show:<show>}#hold:<token>`: the hold record (a hash), under
+    /// the hold's home show, with the hold's TTL.
+    pub fn hold_record(&self, show: &str, token: &str) -> String {
+        let mut key = self.tagged(show, token.len() + 6);
+        key.push_str("#hold:");
+        key.push_str(token);
+        key
+    }
+
+    /// `<prefix>{show:<show>}#sale:<token>`: the record of a confirmed hold,
+    /// kept without TTL so a repeated confirm answers the same.
+    pub fn sale_record(&self, show: &str, token: &str) -> String {
+        let mut key = self.tagged(show, token.len() + 6);
+        key.push_str("#sale:");
+        key.push_str(token);
+        key
+    }
+
+    /// `<prefix>{show:<show>}#fence`: the show's fence counter.
+    pub fn fence(&self, show: &str) -> String {
+        let mut key = self.tagged(show, 6);
+        key.push_str("#fence");
+        key
+    }
+
+    /// If `key` is a hold record key of this key space, the home show and
+    /// the token. Used to recognise expiry events of holds.
+    pub fn parse_hold_record<'k>(&self, key: &'k str) -> Option<(&'k str, &'k str)> {
+        let rest = key.strip_prefix(self.prefix.as_str())?;
+        let rest = rest.strip_prefix("{show:")?;
+        let close = rest.find('}')?;
+        let (show, tail) = rest.split_at(close);
+        let token = tail.strip_prefix("}#hold:")?;
+        (valid_id(show) && !token.is_empty()).then_some((show, token))
+    }
+
+    /// The slot of every key of `show`.
+    pub fn show_slot(&self, show: &str) -> u16 {
+        let mut tag = String::with_capacity(show.len() + 5);
+        let _ = write!(tag, "show:{show}");
+        slot(tag.as_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids() {
+        assert!(valid_id("E7"));
+        assert!(valid_id("42-floor.upper_1"));
+        assert!(valid_id(&"a".repeat(64)));
+        assert!(!valid_id(&"a".repeat(65)));
+        for bad in ["", "a b", "a{b", "a}b", "a:b", "a/b", "é", "a,b", "a\n"] {
+            assert!(!valid_id(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn key_schema() {
+        let ks = KeySpace::new(DEFAULT_PREFIX);
+        assert_eq!(ks.seat("42", "E7"), "seat-hold:{show:42}:E7");
+        assert_eq!(ks.fence("42"), "seat-hold:{show:42}#fence");
+        let rec = ks.hold_record("42", "tok");
+        assert_eq!(rec, "seat-hold:{show:42}#hold:tok");
+        assert_eq!(ks.parse_hold_record(&rec), Some(("42", "tok")));
+        assert_eq!(ks.parse_hold_record("seat-hold:{show:42}:E7"), None);
+        assert_eq!(ks.parse_hold_record("other:{show:42}#hold:t"), None);
+        let s = ks.show_slot("42");
+        for key in [
+            ks.seat("42", "E7"),
+            rec,
+            ks.fence("42"),
+            ks.sale_record("42", "t"),
+        ] {
+            assert_eq!(slot(key.as_bytes()), s);
+        }
+    }
+
+    #[test]
+    fn slot_known_values() {
+        // Values from the Redis Cluster specification and CLUSTER KEYSLOT.
+        assert_eq!(slot(b"123456789"), 0x31c3 % SLOTS);
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
+        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+        assert_eq!(slot(b"foo{bar}{zap}"), slot(b"bar"));
+        assert_eq!(slot(b"{}"), slot(b"{}"));
+    }
+}

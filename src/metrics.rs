@@ -1,0 +1,127 @@
+//! Metric names and the Prometheus recorder.
+//!
+//! The names marked "contract" are fixed by the API document: dashboards and
+//! alerts depend on them.
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Holds granted (contract).
+pub const HOLDS: &str = "seathold_holds_total";
+/// Seats in granted holds (contract).
+pub const SEATS_HELD: &str = "seathold_seats_held_total";
+/// Hold requests refused with 409 (contract).
+pub const HOLD_CONFLICTS: &str = "seathold_hold_conflicts_total";
+/// Holds that expired in Redis, from keyspace events (contract).
+pub const HOLD_EXPIRIES: &str = "seathold_hold_expiries_total";
+/// Holds released (contract).
+pub const RELEASES: &str = "seathold_releases_total";
+/// Holds extended (contract).
+pub const EXTENDS: &str = "seathold_extends_total";
+/// Holds confirmed (contract).
+pub const CONFIRMS: &str = "seathold_confirms_total";
+/// Multi-seat holds refused with 422 `cross_slot` (contract).
+pub const CROSS_SLOT_REJECTIONS: &str = "seathold_cross_slot_rejections_total";
+/// Request latency by route template and status (contract).
+pub const HTTP_DURATION: &str = "seathold_http_request_duration_seconds";
+/// Redis errors by kind (contract).
+pub const REDIS_ERRORS: &str = "seathold_redis_errors_total";
+/// 1 when `/readyz` answers 200 (contract).
+pub const CLUSTER_READY: &str = "seathold_cluster_ready";
+
+/// Confirms whose sale reached fewer replicas than required in time.
+pub const CONFIRMS_NOT_REPLICATED: &str = "seathold_confirms_not_replicated_total";
+/// Scripts sent again with EVAL after a NOSCRIPT, by script.
+pub const SCRIPT_RELOADS: &str = "seathold_script_reloads_total";
+/// Redis Cluster topology changes seen.
+pub const TOPOLOGY_CHANGES: &str = "seathold_topology_changes_total";
+/// Masters in the current topology.
+pub const MASTERS: &str = "seathold_redis_masters";
+/// HTTP requests being served.
+pub const HTTP_IN_FLIGHT: &str = "seathold_http_requests_in_flight";
+
+/// Installs the global Prometheus recorder and returns the handle that
+/// renders `/metrics`. Safe to call more than once in one process (tests):
+/// later calls return a handle on the first recorder.
+pub fn install() -> PrometheusHandle {
+    static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Suffix("_seconds".into()),
+                    &[
+                        0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25,
+                        0.5, 1.0, 2.5, 5.0,
+                    ],
+                )
+                .unwrap_or_else(|_| PrometheusBuilder::new());
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may already be installed (an embedding
+            // program); then our handle renders only what we record through
+            // it, which is nothing, and we say so.
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("a metrics recorder was already installed; /metrics will be empty");
+            }
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(HOLDS, "Holds granted.");
+    describe_counter!(SEATS_HELD, "Seats in granted holds.");
+    describe_counter!(
+        HOLD_CONFLICTS,
+        "Hold requests refused with 409 seats_taken."
+    );
+    describe_counter!(
+        HOLD_EXPIRIES,
+        "Holds that expired in Redis without release or confirm, from keyspace expiry events; trails the TTL."
+    );
+    describe_counter!(RELEASES, "Holds released.");
+    describe_counter!(EXTENDS, "Holds extended.");
+    describe_counter!(CONFIRMS, "Holds confirmed (sold).");
+    describe_counter!(
+        CROSS_SLOT_REJECTIONS,
+        "Multi-seat holds refused with 422 cross_slot."
+    );
+    describe_histogram!(
+        HTTP_DURATION,
+        Unit::Seconds,
+        "HTTP request latency by route template and status."
+    );
+    describe_counter!(REDIS_ERRORS, "Redis errors by kind.");
+    describe_gauge!(CLUSTER_READY, "1 when /readyz answers 200.");
+    describe_counter!(
+        CONFIRMS_NOT_REPLICATED,
+        "Confirms answered 503 not_replicated."
+    );
+    describe_counter!(SCRIPT_RELOADS, "Scripts re-sent with EVAL after NOSCRIPT.");
+    describe_counter!(TOPOLOGY_CHANGES, "Redis Cluster slot map changes seen.");
+    describe_gauge!(MASTERS, "Masters in the current Redis Cluster slot map.");
+    describe_gauge!(HTTP_IN_FLIGHT, "HTTP requests being served.");
+}
+
+/// Registers every contract counter at zero so that dashboards and alerts
+/// see the series before the first event.
+pub fn register_zeroes() {
+    for name in [
+        HOLDS,
+        SEATS_HELD,
+        HOLD_CONFLICTS,
+        HOLD_EXPIRIES,
+        RELEASES,
+        EXTENDS,
+        CONFIRMS,
+        CROSS_SLOT_REJECTIONS,
+        CONFIRMS_NOT_REPLICATED,
+        TOPOLOGY_CHANGES,
+    ] {
+        metrics::counter!(name).increment(0);
+    }
+    metrics::gauge!(CLUSTER_READY).set(0.0);
+    metrics::gauge!(HTTP_IN_FLIGHT).set(0.0);
+}

@@ -1,0 +1,122 @@
+//! The Lua scripts in `lua/`, embedded at build time and run by EVALSHA.
+//!
+//! Each script is loaded on every master at start-up (`SCRIPT LOAD`, which
+//! the cluster client sends to all primaries). A node can still answer
+//! `NOSCRIPT`: a replica promoted after a failover, a master added later, or
+//! a `SCRIPT FLUSH`. Then the call is repeated once as `EVAL` with the body,
+//! which also caches the script on that node, so the next EVALSHA succeeds.
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, FromRedisValue, RedisResult, ServerErrorKind};
+
+/// One Lua script: its name (for logs and metrics), body and SHA1.
+#[derive(Debug, Clone)]
+pub struct Script {
+    name: &'static str,
+    body: &'static str,
+    sha: String,
+}
+
+impl Script {
+    fn new(name: &'static str, body: &'static str) -> Self {
+        Self {
+            name,
+            body,
+            sha: redis::Script::new(body).get_hash().to_owned(),
+        }
+    }
+
+    /// The script's file name without `.lua`.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The script's SHA1, as EVALSHA wants it.
+    pub fn sha(&self) -> &str {
+        &self.sha
+    }
+
+    /// The script's source.
+    pub fn body(&self) -> &'static str {
+        self.body
+    }
+
+    /// Runs the script with `keys` and the arguments that `args` appends,
+    /// by EVALSHA, falling back to EVAL once on `NOSCRIPT`.
+    ///
+    /// `args` is a function rather than a list so that the arguments are
+    /// written straight into the command, and written again only on the
+    /// rare fallback.
+    pub async fn run<C, T>(
+        &self,
+        con: &mut C,
+        keys: &[String],
+        args: impl Fn(&mut Cmd),
+    ) -> RedisResult<T>
+    where
+        C: ConnectionLike + Send,
+        T: FromRedisValue,
+    {
+        let build = |verb: &str, script: &str| {
+            let mut cmd = redis::cmd(verb);
+            cmd.arg(script).arg(keys.len()).arg(keys);
+            args(&mut cmd);
+            cmd
+        };
+        match build("EVALSHA", &self.sha).query_async(con).await {
+            Err(err) if err.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
+                tracing::info!(
+                    script = self.name,
+                    "NOSCRIPT from Redis; sending the script body with EVAL"
+                );
+                metrics::counter!(crate::metrics::SCRIPT_RELOADS, "script" => self.name)
+                    .increment(1);
+                build("EVAL", self.body).query_async(con).await
+            }
+            other => other,
+        }
+    }
+}
+
+/// Every script seathold runs.
+#[derive(Debug, Clone)]
+pub struct Scripts {
+    /// `lua/hold.lua`: all-or-nothing hold of one or more seats.
+    pub hold: Script,
+    /// `lua/release.lua`: token-checked release.
+    pub release: Script,
+    /// `lua/extend.lua`: token-checked extend with the lifetime cap.
+    pub extend: Script,
+    /// `lua/confirm.lua`: token-checked sale, idempotent.
+    pub confirm: Script,
+    /// `lua/lookup.lua`: read a hold or sale record.
+    pub lookup: Script,
+    /// `lua/seats.lua`: seat states.
+    pub seats: Script,
+}
+
+impl Scripts {
+    /// The scripts of `lua/`, as compiled into this binary.
+    pub fn embedded() -> Self {
+        Self {
+            hold: Script::new("hold", include_str!("../lua/hold.lua")),
+            release: Script::new("release", include_str!("../lua/release.lua")),
+            extend: Script::new("extend", include_str!("../lua/extend.lua")),
+            confirm: Script::new("confirm", include_str!("../lua/confirm.lua")),
+            lookup: Script::new("lookup", include_str!("../lua/lookup.lua")),
+            seats: Script::new("seats", include_str!("../lua/seats.lua")),
+        }
+    }
+
+    /// All scripts, for loading them.
+    pub fn all(&self) -> [&Script; 6] {
+        [
+            &self.hold,
+            &self.release,
+            &self.extend,
+            &self.confirm,
+            &self.lookup,
+            &self.seats,
+        ]
+    }
+}

@@ -1,0 +1,214 @@
+//! The accept loop, graceful shutdown, and `seathold dev`.
+//!
+//! [`run`] takes the shutdown signal as a future, so tests start and stop
+//! servers in-process. Shutdown is in three steps: `/readyz` turns 503 at
+//! once; the server keeps accepting and serving for the drain time, so load
+//! balancers notice and move traffic; then it stops accepting, lets requests
+//! in flight finish (bounded, since every Redis call is), and returns.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::cluster::Cluster;
+use crate::config::{DevOptions, Options};
+use crate::hold::Service;
+use crate::http::{self, App};
+use crate::keys::KeySpace;
+use crate::scripts::Scripts;
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Redis(#[from] crate::cluster::ConfigError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Dev(#[from] crate::dev::DevError),
+}
+
+/// How long a client may take to send its request head.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Builds the application state for `opts`; connects to Redis in the
+/// background.
+pub fn app(opts: &Options) -> Result<Arc<App>, StartError> {
+    opts.validate()?;
+    let redis = opts.redis();
+    let cluster = Cluster::new(&redis, Scripts::embedded())?;
+    let metrics = crate::metrics::install();
+    crate::metrics::register_zeroes();
+    let service = Service::new(
+        cluster,
+        KeySpace::new(opts.key_prefix.clone()),
+        opts.limits(),
+    );
+    Ok(Arc::new(App {
+        service,
+        metrics,
+        shutting_down: Default::default(),
+        max_body_bytes: opts.max_body_bytes,
+    }))
+}
+
+/// Binds `opts.listen`.
+pub async fn bind(opts: &Options) -> Result<TcpListener, StartError> {
+    TcpListener::bind(opts.listen)
+        .await
+        .map_err(|source| StartError::Listen {
+            addr: opts.listen,
+            source,
+        })
+}
+
+/// Serves the API on `listener` until `shutdown` completes, then shuts down
+/// gracefully as described in the module docs.
+pub async fn run(
+    opts: Options,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StartError> {
+    let app = app(&opts)?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let maintain = tokio::spawn(Arc::clone(app.service.cluster()).maintain(stop_rx));
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "serving HTTP");
+    }
+
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    accept_until(&listener, &app, &graceful, &mut shutdown).await;
+
+    app.shutting_down.store(true, Ordering::Relaxed);
+    metrics::gauge!(crate::metrics::CLUSTER_READY).set(0.0);
+    let drain = Duration::from_millis(opts.shutdown_drain_ms);
+    tracing::info!(
+        drain_ms = opts.shutdown_drain_ms,
+        "shutdown requested: /readyz answers 503; draining"
+    );
+    accept_until(&listener, &app, &graceful, tokio::time::sleep(drain)).await;
+    drop(listener);
+
+    // Requests in flight end within the Redis timeout; the margin covers
+    // writing their responses.
+    let bound = Duration::from_millis(opts.redis_timeout_ms) + Duration::from_secs(1);
+    if tokio::time::timeout(bound, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("some connections did not finish in time; closing them");
+    }
+    let _ = stop_tx.send(true);
+    let _ = maintain.await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn accept_until(
+    listener: &TcpListener,
+    app: &Arc<App>,
+    graceful: &GracefulShutdown,
+    until: impl Future<Output = ()>,
+) {
+    tokio::pin!(until);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    let app = Arc::clone(app);
+                    let service = service_fn(move |req| {
+                        let app = Arc::clone(&app);
+                        async move { Ok::<_, Infallible>(http::handle(app, req).await) }
+                    });
+                    let conn = http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(HEADER_READ_TIMEOUT)
+                        .serve_connection(TokioIo::new(stream), service);
+                    let conn = graceful.watch(conn);
+                    tokio::spawn(async move {
+                        if let Err(err) = conn.await {
+                            tracing::debug!(error = %err, "connection ended with an error");
+                        }
+                    });
+                }
+                Err(err) => {
+                    // Out of file descriptors and the like: back off briefly
+                    // instead of spinning.
+                    tracing::warn!(error = %err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = &mut until => return,
+        }
+    }
+}
+
+/// Completes on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
+
+/// `seathold dev`: a local cluster, the API on it, and a clean stop.
+pub async fn dev(dev: DevOptions, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
+    let mut opts = dev.options;
+    opts.validate()?;
+    let listener = bind(&opts).await?;
+    println!(
+        "starting a local Redis Cluster ({} masters, {} replicas each)...",
+        dev.masters, dev.replicas
+    );
+    let cluster = crate::dev::LocalCluster::start(crate::dev::ClusterOptions {
+        masters: usize::from(dev.masters),
+        replicas_per_master: usize::from(dev.replicas),
+        extra_config: vec![("notify-keyspace-events".into(), "Ex".into())],
+        ..Default::default()
+    })
+    .await?;
+    opts.redis_nodes = cluster.seed_urls();
+    // Nothing balances load in front of a dev server: stop at once.
+    opts.shutdown_drain_ms = 0;
+    let url = format!("http://{}", listener.local_addr().unwrap_or(opts.listen));
+    println!("Redis Cluster nodes: {}", opts.redis_nodes.join(","));
+    println!("Redis data folder:   {}", cluster.dir().display());
+    println!("seathold is serving on {url}  (Ctrl-C stops it and the cluster)\n");
+    println!("  curl -s -XPOST {url}/v1/shows/42/holds -H 'content-type: application/json' -d '{{\"seats\":[\"E7\",\"E8\"]}}'");
+    println!("  curl -s {url}/v1/shows/42/seats/E7\n");
+    let result = run(opts, listener, shutdown).await;
+    println!("stopping the local Redis Cluster...");
+    cluster.stop();
+    result
+}

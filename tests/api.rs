@@ -1,0 +1,774 @@
+//! The v1 API against a real Redis Cluster: every route, status and error
+//! code, and the hold guarantees (one winner, all or nothing, token checks,
+//! interop with the reference design's raw `SET … NX PX`).
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use common::{eventually, redis, server, server_with, show};
+use redis::AsyncCommands;
+use serde_json::{json, Value};
+
+fn token(hold: &Value) -> String {
+    hold["holdToken"].as_str().expect("holdToken").to_owned()
+}
+
+#[tokio::test]
+async fn hold_read_extend_release() {
+    let s = server().await;
+    let sh = show("life");
+    let (status, hold) = s
+        .post(
+            &format!("/v1/shows/{sh}/holds"),
+            json!({"seats": ["E7", "E8"], "ttlMs": 60000}),
+        )
+        .await;
+    assert_eq!(status, 201, "{hold}");
+    let t = token(&hold);
+    assert!(
+        uuid::Uuid::parse_str(&t).is_ok_and(|u| u.get_version_num() == 4),
+        "{t}"
+    );
+    assert_eq!(hold["show"], json!(sh));
+    assert_eq!(hold["seats"], json!(["E7", "E8"]));
+    let left = hold["expiresInMs"].as_i64().expect("expiresInMs");
+    assert!((59_000..=60_000).contains(&left), "{left}");
+    assert!(
+        hold["expiresAt"]
+            .as_str()
+            .is_some_and(|s| s.ends_with('Z') && s.len() == 24),
+        "{hold}"
+    );
+    assert!(hold["fence"].as_i64().is_some_and(|f| f >= 1));
+
+    // The seat keys hold the token with the hold's TTL, exactly as the
+    // reference design's SET … NX PX would leave them.
+    let mut r = redis().await;
+    let v: String = r
+        .get(format!("seat-hold:{{show:{sh}}}:E7"))
+        .await
+        .expect("get");
+    assert_eq!(v, t);
+    let pttl: i64 = r
+        .pttl(format!("seat-hold:{{show:{sh}}}:E8"))
+        .await
+        .expect("pttl");
+    assert!((58_000..=60_000).contains(&pttl), "{pttl}");
+
+    let (status, read) = s.get(&format!("/v1/shows/{sh}/holds/{t}")).await;
+    assert_eq!(status, 200, "{read}");
+    assert_eq!(read["seats"], json!(["E7", "E8"]));
+    assert_eq!(read["fence"], hold["fence"]);
+
+    let (status, ext) = s
+        .post(
+            &format!("/v1/shows/{sh}/holds/{t}/extend"),
+            json!({"ttlMs": 120000}),
+        )
+        .await;
+    assert_eq!(status, 200, "{ext}");
+    assert!(
+        ext["expiresInMs"].as_i64().is_some_and(|v| v > 119_000),
+        "{ext}"
+    );
+    let pttl: i64 = r
+        .pttl(format!("seat-hold:{{show:{sh}}}:E7"))
+        .await
+        .expect("pttl");
+    assert!(pttl > 119_000, "extend reaches the seats: {pttl}");
+
+    let (status, seat) = s.get(&format!("/v1/shows/{sh}/seats/E7")).await;
+    assert_eq!(status, 200);
+    assert_eq!(seat["state"], "held");
+    assert_eq!(seat["show"], json!(sh));
+    assert_eq!(seat["seat"], "E7");
+    assert!(seat["expiresInMs"].as_i64().is_some_and(|v| v > 100_000));
+    assert!(
+        seat.get("holdToken").is_none() && !seat.to_string().contains(&t),
+        "never reveals the token"
+    );
+
+    let (status, body) = s
+        .call("DELETE", &format!("/v1/shows/{sh}/holds/{t}"), None)
+        .await;
+    assert_eq!((status, body), (204, Value::Null));
+    let (status, body) = s.get(&format!("/v1/shows/{sh}/holds/{t}")).await;
+    assert_eq!(status, 404);
+    assert_eq!(body["error"], "hold_not_found");
+    assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()));
+    let (status, body) = s
+        .call("DELETE", &format!("/v1/shows/{sh}/holds/{t}"), None)
+        .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (404, Some("hold_not_found"))
+    );
+    let (_, seat) = s.get(&format!("/v1/shows/{sh}/seats/E7")).await;
+    assert_eq!(seat, json!({"show": sh, "seat": "E7", "state": "free"}));
+    let exists: bool = r
+        .exists(format!("seat-hold:{{show:{sh}}}#hold:{t}"))
+        .await
+        .expect("exists");
+    assert!(!exists, "the hold record is gone");
+}
+
+#[tokio::test]
+async fn single_seat_route_and_conflict_details() {
+    let s = server().await;
+    let sh = show("single");
+    let (status, hold) = s
+        .call("POST", &format!("/v1/shows/{sh}/seats/A1/hold"), None)
+        .await;
+    assert_eq!(status, 201, "{hold}");
+    assert_eq!(hold["seats"], json!(["A1"]));
+    let left = hold["expiresInMs"].as_i64().expect("ttl");
+    assert!((299_000..=300_000).contains(&left), "default TTL: {left}");
+
+    let (status, hold2) = s
+        .post(
+            &format!("/v1/shows/{sh}/seats/A2/hold"),
+            json!({"ttlMs": 5000}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    assert!(hold2["expiresInMs"]
+        .as_i64()
+        .is_some_and(|v| v <= 5000 && v > 4000));
+
+    let (status, conflict) = s
+        .call("POST", &format!("/v1/shows/{sh}/seats/A1/hold"), None)
+        .await;
+    assert_eq!(status, 409, "{conflict}");
+    assert_eq!(conflict["error"], "seats_taken");
+    assert_eq!(conflict["taken"][0]["seat"], "A1");
+    assert_eq!(conflict["taken"][0]["state"], "held");
+    assert!(conflict["taken"][0]["expiresInMs"]
+        .as_i64()
+        .is_some_and(|v| v > 0));
+    assert!(conflict["taken"][0].get("show").is_none());
+    assert!(
+        !conflict.to_string().contains(&token(&hold)),
+        "never reveals another holder's token"
+    );
+
+    let (status, conflict) = s
+        .post(
+            &format!("/v1/shows/{sh}/holds"),
+            json!({"seats": ["A0", "A1", "A2", "A3"]}),
+        )
+        .await;
+    assert_eq!(status, 409);
+    let taken: Vec<&str> = conflict["taken"]
+        .as_array()
+        .expect("taken")
+        .iter()
+        .map(|t| t["seat"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(taken, vec!["A1", "A2"]);
+}
+
+#[tokio::test]
+async fn one_winner_among_100_concurrent_holds() {
+    let s = server().await;
+    let sh = show("race");
+    let path = format!("/v1/shows/{sh}/seats/E7/hold");
+    let mut tasks = Vec::new();
+    for _ in 0..100 {
+        let http = s.http.clone();
+        let url = format!("{}{}", s.base, path);
+        tasks.push(tokio::spawn(async move {
+            let r = http.post(url).send().await.expect("send");
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.expect("json"))
+        }));
+    }
+    let mut statuses = HashMap::new();
+    let mut winner = None;
+    for t in tasks {
+        let (status, body) = t.await.expect("task");
+        *statuses.entry(status).or_insert(0) += 1;
+        if status == 201 {
+            winner = Some(token(&body));
+        }
+    }
+    assert_eq!(statuses, HashMap::from([(201, 1), (409, 99)]));
+    let v: String = redis()
+        .await
+        .get(format!("seat-hold:{{show:{sh}}}:E7"))
+        .await
+        .expect("get");
+    assert_eq!(Some(v), winner);
+}
+
+#[tokio::test]
+async fn overlapping_multi_seat_holds_never_share_a_seat() {
+    let s = server().await;
+    let sh = show("overlap");
+    let seats: Vec<String> = (0..12).map(|i| format!("S{i}")).collect();
+    let mut tasks = Vec::new();
+    for i in 0..96usize {
+        let want: Vec<String> = (0..3)
+            .map(|k| seats[(i * 5 + k * (1 + i % 4)) % 12].clone())
+            .collect();
+        let want: Vec<String> = {
+            let mut seen = HashSet::new();
+            want.into_iter()
+                .filter(|w| seen.insert(w.clone()))
+                .collect()
+        };
+        let http = s.http.clone();
+        let url = format!("{}/v1/shows/{sh}/holds", s.base);
+        tasks.push(tokio::spawn(async move {
+            let r = http
+                .post(url)
+                .json(&json!({"seats": want}))
+                .send()
+                .await
+                .expect("send");
+            let status = r.status().as_u16();
+            (want, status, r.json::<Value>().await.expect("json"))
+        }));
+    }
+    let mut owner: HashMap<String, String> = HashMap::new();
+    let (mut granted, mut refused) = (0, 0);
+    for t in tasks {
+        let (want, status, body) = t.await.expect("task");
+        match status {
+            201 => {
+                granted += 1;
+                for seat in &want {
+                    assert!(
+                        owner.insert(seat.clone(), token(&body)).is_none(),
+                        "seat {seat} granted twice"
+                    );
+                }
+            }
+            409 => {
+                refused += 1;
+                assert_eq!(body["error"], "seats_taken");
+                let taken = body["taken"].as_array().expect("taken");
+                assert!(!taken.is_empty());
+                assert!(taken
+                    .iter()
+                    .all(|t| want.iter().any(|w| t["seat"] == json!(w))));
+            }
+            other => panic!("unexpected status {other}: {body}"),
+        }
+    }
+    assert!(
+        granted >= 1 && granted + refused == 96,
+        "{granted} {refused}"
+    );
+    // What Redis holds is exactly the granted holds.
+    let mut r = redis().await;
+    for seat in &seats {
+        let v: Option<String> = r
+            .get(format!("seat-hold:{{show:{sh}}}:{seat}"))
+            .await
+            .expect("get");
+        assert_eq!(v.as_ref(), owner.get(seat), "seat {seat}");
+    }
+}
+
+#[tokio::test]
+async fn all_or_nothing() {
+    let s = server().await;
+    let sh = show("aon");
+    let first = s.hold(&sh, &["B2"]).await;
+    let (status, body) = s
+        .post(
+            &format!("/v1/shows/{sh}/holds"),
+            json!({"seats": ["B1", "B2", "B3"]}),
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(
+        body["taken"],
+        json!([{"seat": "B2", "state": "held", "expiresInMs": body["taken"][0]["expiresInMs"]}])
+    );
+    let mut r = redis().await;
+    for seat in ["B1", "B3"] {
+        let exists: bool = r
+            .exists(format!("seat-hold:{{show:{sh}}}:{seat}"))
+            .await
+            .expect("exists");
+        assert!(!exists, "{seat} was written");
+    }
+    // The refused hold did not take a fence either.
+    let next = s.hold(&sh, &["B1", "B3"]).await;
+    assert_eq!(
+        next["fence"].as_i64(),
+        first["fence"].as_i64().map(|f| f + 1)
+    );
+}
+
+#[tokio::test]
+async fn stale_token_changes_nothing() {
+    let s = server().await;
+    let sh = show("stale");
+    let (status, alice) = s
+        .post(
+            &format!("/v1/shows/{sh}/seats/E7/hold"),
+            json!({"ttlMs": 150}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let alice = token(&alice);
+    eventually(Duration::from_secs(5), "Alice's hold to expire", || async {
+        s.get(&format!("/v1/shows/{sh}/seats/E7")).await.1["state"] == "free"
+    })
+    .await;
+    let bob = s.hold(&sh, &["E7"]).await;
+    let bob = token(&bob);
+
+    let (status, body) = s
+        .call("DELETE", &format!("/v1/shows/{sh}/holds/{alice}"), None)
+        .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (404, Some("hold_not_found"))
+    );
+    let (status, body) = s
+        .post(
+            &format!("/v1/shows/{sh}/holds/{alice}/extend"),
+            json!({"ttlMs": 1000}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (404, Some("hold_not_found"))
+    );
+    let (status, _) = s
+        .post(&format!("/v1/shows/{sh}/holds/{alice}/confirm"), json!({}))
+        .await;
+    assert_eq!(status, 404);
+
+    let mut r = redis().await;
+    let key = format!("seat-hold:{{show:{sh}}}:E7");
+    let v: String = r.get(&key).await.expect("get");
+    assert_eq!(v, bob, "Bob still holds E7");
+    let pttl: i64 = r.pttl(&key).await.expect("pttl");
+    assert!(pttl > 290_000, "Bob's TTL untouched: {pttl}");
+}
+
+#[tokio::test]
+async fn interop_with_raw_set_nx_px() {
+    let s = server().await;
+    let sh = show("interop");
+    let mut r = redis().await;
+    let e7 = format!("seat-hold:{{show:{sh}}}:E7");
+    let ok: Option<String> = redis::cmd("SET")
+        .arg(&e7)
+        .arg("token-alice")
+        .arg("NX")
+        .arg("PX")
+        .arg(300000)
+        .query_async(&mut r)
+        .await
+        .expect("set");
+    assert_eq!(ok.as_deref(), Some("OK"));
+    let (status, body) = s
+        .call("POST", &format!("/v1/shows/{sh}/seats/E7/hold"), None)
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["taken"][0]["state"], "held");
+    assert!(!body.to_string().contains("token-alice"));
+    let (_, state) = s.get(&format!("/v1/shows/{sh}/seats/E7")).await;
+    assert_eq!(state["state"], "held");
+
+    s.hold(&sh, &["E8"]).await;
+    let refused: Option<String> = redis::cmd("SET")
+        .arg(format!("seat-hold:{{show:{sh}}}:E8"))
+        .arg("token-bob")
+        .arg("NX")
+        .arg("PX")
+        .arg(300000)
+        .query_async(&mut r)
+        .await
+        .expect("set");
+    assert_eq!(refused, None, "a seathold hold makes the raw SET NX fail");
+}
+
+#[tokio::test]
+async fn fence_strictly_increases_per_show() {
+    let s = server().await;
+    let sh = show("fence");
+    let mut fences = Vec::new();
+    for i in 0..5 {
+        fences.push(
+            s.hold(&sh, &[&format!("F{i}")]).await["fence"]
+                .as_i64()
+                .expect("fence"),
+        );
+    }
+    assert!(fences.windows(2).all(|w| w[1] > w[0]), "{fences:?}");
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let http = s.http.clone();
+        let url = format!("{}/v1/shows/{sh}/seats/C{i}/hold", s.base);
+        tasks.push(tokio::spawn(async move {
+            http.post(url)
+                .send()
+                .await
+                .expect("send")
+                .json::<Value>()
+                .await
+                .expect("json")["fence"]
+                .as_i64()
+                .expect("fence")
+        }));
+    }
+    let mut concurrent = Vec::new();
+    for t in tasks {
+        concurrent.push(t.await.expect("task"));
+    }
+    concurrent.sort_unstable();
+    concurrent.dedup();
+    assert_eq!(
+        concurrent.len(),
+        40,
+        "every concurrent hold has its own fence"
+    );
+    assert!(concurrent[0] > fences[4]);
+    // Another show has its own counter.
+    let other = s.hold(&show("fence-other"), &["X"]).await;
+    assert_eq!(other["fence"], 1);
+}
+
+#[tokio::test]
+async fn extend_past_lifetime_cap_is_refused_and_changes_nothing() {
+    let mut opts = common::options();
+    opts.max_hold_lifetime_ms = 3_000;
+    opts.max_ttl_ms = 3_000;
+    opts.default_ttl_ms = 2_000;
+    let s = server_with(opts).await;
+    let sh = show("cap");
+    let hold = s.hold(&sh, &["L1"]).await;
+    let t = token(&hold);
+    let (status, body) = s
+        .post(
+            &format!("/v1/shows/{sh}/holds/{t}/extend"),
+            json!({"ttlMs": 2500}),
+        )
+        .await;
+    assert_eq!(status, 200, "within the cap: {body}");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let (_, before) = s.get(&format!("/v1/shows/{sh}/holds/{t}")).await;
+    let (status, body) = s
+        .post(
+            &format!("/v1/shows/{sh}/holds/{t}/extend"),
+            json!({"ttlMs": 2500}),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"], "lifetime_exceeded");
+    let (_, after) = s.get(&format!("/v1/shows/{sh}/holds/{t}")).await;
+    let (b, a) = (
+        before["expiresInMs"].as_i64().expect("b"),
+        after["expiresInMs"].as_i64().expect("a"),
+    );
+    assert!(a <= b, "the refused extend changed the TTL: {b} -> {a}");
+    let pttl: i64 = redis()
+        .await
+        .pttl(format!("seat-hold:{{show:{sh}}}:L1"))
+        .await
+        .expect("pttl");
+    assert!(pttl <= b, "seat TTL unchanged: {pttl}");
+    // Over --max-ttl-ms is a 400, not a 422.
+    let (status, body) = s
+        .post(
+            &format!("/v1/shows/{sh}/holds/{t}/extend"),
+            json!({"ttlMs": 3001}),
+        )
+        .await;
+    assert_eq!((status, body["error"].as_str()), (400, Some("invalid_ttl")));
+}
+
+#[tokio::test]
+async fn confirm_sells_is_idempotent_and_replicated() {
+    let s = server().await;
+    let sh = show("sale");
+    let hold = s.hold(&sh, &["D1", "D2"]).await;
+    let t = token(&hold);
+    let (status, c) = s
+        .post(&format!("/v1/shows/{sh}/holds/{t}/confirm"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{c}");
+    assert_eq!(c["holdToken"], json!(t));
+    assert_eq!(c["show"], json!(sh));
+    assert_eq!(c["seats"], json!(["D1", "D2"]));
+    assert_eq!(c["fence"], hold["fence"]);
+    assert!(c["replicas"].as_i64().is_some_and(|n| n >= 1), "{c}");
+
+    let mut r = redis().await;
+    let key = format!("seat-hold:{{show:{sh}}}:D1");
+    let pttl: i64 = r.pttl(&key).await.expect("pttl");
+    assert_eq!(pttl, -1, "a sold seat has no TTL");
+    let raw: Option<String> = redis::cmd("SET")
+        .arg(&key)
+        .arg("x")
+        .arg("NX")
+        .arg("PX")
+        .arg(1000)
+        .query_async(&mut r)
+        .await
+        .expect("set");
+    assert_eq!(
+        raw, None,
+        "the reference design's SET NX fails on a sold seat"
+    );
+    let (_, state) = s.get(&format!("/v1/shows/{sh}/seats/D2")).await;
+    assert_eq!(state, json!({"show": sh, "seat": "D2", "state": "sold"}));
+    let (status, body) = s
+        .call("POST", &format!("/v1/shows/{sh}/seats/D1/hold"), None)
+        .await;
+    assert_eq!(status, 409);
+    assert_eq!(body["taken"][0]["state"], "sold");
+    assert!(body["taken"][0].get("expiresInMs").is_none());
+
+    // Confirmed: no longer a hold.
+    assert_eq!(s.get(&format!("/v1/shows/{sh}/holds/{t}")).await.0, 404);
+    assert_eq!(
+        s.call("DELETE", &format!("/v1/shows/{sh}/holds/{t}"), None)
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        s.post(
+            &format!("/v1/shows/{sh}/holds/{t}/extend"),
+            json!({"ttlMs": 1000})
+        )
+        .await
+        .0,
+        404
+    );
+    let (status, again) = s
+        .call("POST", &format!("/v1/shows/{sh}/holds/{t}/confirm"), None)
+        .await;
+    assert_eq!(status, 200, "idempotent: {again}");
+    assert_eq!(again["seats"], c["seats"]);
+    assert_eq!(again["fence"], c["fence"]);
+    // Someone else's token confirms nothing.
+    let other = uuid::Uuid::new_v4();
+    assert_eq!(
+        s.call(
+            "POST",
+            &format!("/v1/shows/{sh}/holds/{other}/confirm"),
+            None
+        )
+        .await
+        .0,
+        404
+    );
+}
+
+#[tokio::test]
+async fn confirm_reports_missing_replication_honestly() {
+    let mut opts = common::options();
+    opts.confirm_wait_replicas = 3; // each master has one replica
+    opts.confirm_wait_timeout_ms = 200;
+    let s = server_with(opts).await;
+    let sh = show("norepl");
+    let t = token(&s.hold(&sh, &["N1"]).await);
+    let (status, body) = s
+        .call("POST", &format!("/v1/shows/{sh}/holds/{t}/confirm"), None)
+        .await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"], "not_replicated");
+    assert_eq!(body["replicas"], 1);
+    assert_eq!(body["seats"], json!(["N1"]));
+    let (_, state) = s.get(&format!("/v1/shows/{sh}/seats/N1")).await;
+    assert_eq!(state["state"], "sold", "the seat is sold all the same");
+    let (status, body) = s
+        .call("POST", &format!("/v1/shows/{sh}/holds/{t}/confirm"), None)
+        .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (503, Some("not_replicated"))
+    );
+}
+
+#[tokio::test]
+async fn multi_show_holds_in_one_slot() {
+    let s = server().await;
+    let ks = seathold::keys::KeySpace::new("seat-hold:");
+    // Two fresh show ids whose tags fall in the same slot.
+    let base = show("ms");
+    let a = format!("{base}-a");
+    let slot = ks.show_slot(&a);
+    let b = (0..200_000)
+        .map(|i| format!("{base}-{i}"))
+        .find(|b| *b != a && ks.show_slot(b) == slot)
+        .expect("a colliding show id");
+    let (status, hold) = s
+        .post("/v1/holds", json!({"seats": [{"show": a, "seat": "E7"}, {"show": b, "seat": "A1"}], "ttlMs": 60000}))
+        .await;
+    assert_eq!(status, 201, "{hold}");
+    assert_eq!(hold["show"], json!(a));
+    assert_eq!(
+        hold["seats"],
+        json!([{"show": a, "seat": "E7"}, {"show": b, "seat": "A1"}])
+    );
+    let t = token(&hold);
+    let (status, read) = s.get(&format!("/v1/shows/{a}/holds/{t}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(read["seats"], hold["seats"]);
+    assert_eq!(
+        s.get(&format!("/v1/shows/{b}/holds/{t}")).await.0,
+        404,
+        "served under the home show only"
+    );
+    let (_, st) = s.get(&format!("/v1/shows/{b}/seats/A1")).await;
+    assert_eq!(st["state"], "held");
+
+    let (status, conflict) = s
+        .post("/v1/holds", json!({"seats": [{"show": b, "seat": "A1"}]}))
+        .await;
+    assert_eq!(status, 409);
+    assert_eq!(
+        conflict["taken"][0],
+        json!({"show": b, "seat": "A1", "state": "held", "expiresInMs": conflict["taken"][0]["expiresInMs"]})
+    );
+
+    // The fence of a multi-show hold exceeds both shows' last fences.
+    let fb = s.hold(&b, &["Z9"]).await["fence"].as_i64().expect("fence");
+    assert!(fb > hold["fence"].as_i64().expect("fence"));
+
+    let (status, ext) = s
+        .post(
+            &format!("/v1/shows/{a}/holds/{t}/extend"),
+            json!({"ttlMs": 90000}),
+        )
+        .await;
+    assert_eq!(status, 200, "{ext}");
+    let (status, c) = s
+        .call("POST", &format!("/v1/shows/{a}/holds/{t}/confirm"), None)
+        .await;
+    assert_eq!(status, 200, "{c}");
+    assert_eq!(c["seats"], hold["seats"]);
+    let (_, st) = s.get(&format!("/v1/shows/{b}/seats/A1")).await;
+    assert_eq!(st["state"], "sold");
+}
+
+#[tokio::test]
+async fn batch_seat_states() {
+    let s = server().await;
+    let sh = show("batch");
+    s.hold(&sh, &["H1"]).await;
+    let sold = token(&s.hold(&sh, &["S1"]).await);
+    assert_eq!(
+        s.call(
+            "POST",
+            &format!("/v1/shows/{sh}/holds/{sold}/confirm"),
+            None
+        )
+        .await
+        .0,
+        200
+    );
+    let (status, body) = s.get(&format!("/v1/shows/{sh}/seats?ids=H1,S1,F1")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["show"], json!(sh));
+    assert_eq!(body["seats"]["H1"]["state"], "held");
+    assert!(body["seats"]["H1"]["expiresInMs"]
+        .as_i64()
+        .is_some_and(|v| v > 0));
+    assert_eq!(body["seats"]["S1"]["state"], "sold");
+    assert_eq!(body["seats"]["F1"]["state"], "free");
+    let (status, body) = s.get(&format!("/v1/shows/{sh}/seats?ids=H1%2CF1")).await;
+    assert_eq!(status, 200, "an encoded comma works too: {body}");
+    assert_eq!(body["seats"].as_object().map(|m| m.len()), Some(2));
+
+    let many: Vec<String> = (0..21).map(|i| format!("Q{i}")).collect();
+    let cases = [
+        (
+            format!("/v1/shows/{sh}/seats?ids={}", many.join(",")),
+            "too_many_seats",
+        ),
+        (format!("/v1/shows/{sh}/seats?ids=A1,B%7B"), "invalid_seat"),
+        (format!("/v1/shows/{sh}/seats?ids=A1,,B1"), "invalid_seat"),
+        (format!("/v1/shows/{sh}/seats?ids=A1,A1"), "duplicate_seat"),
+        (format!("/v1/shows/{sh}/seats"), "invalid_request"),
+        (format!("/v1/shows/{sh}/seats/B:1"), "invalid_seat"),
+        ("/v1/shows/a%7Bb/seats/A1".to_owned(), "invalid_show"),
+    ];
+    for (path, code) in cases {
+        let (status, body) = s.get(&path).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (400, Some(code)),
+            "{path}: {body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn routes_methods_and_probes() {
+    let s = server().await;
+    let (status, body) = s.get("/nope").await;
+    assert_eq!((status, body["error"].as_str()), (404, Some("not_found")));
+    let (status, body) = s.get("/v1/shows/42/holds").await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (405, Some("method_not_allowed"))
+    );
+    let r = s
+        .http
+        .put(format!("{}/v1/shows/42/holds/x", s.base))
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(r.status().as_u16(), 405);
+    assert_eq!(
+        r.headers().get("allow").and_then(|v| v.to_str().ok()),
+        Some("GET, DELETE")
+    );
+    let (status, body) = s.call("DELETE", "/v1/holds", None).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (405, Some("method_not_allowed"))
+    );
+    assert_eq!(s.get("/healthz").await.0, 200);
+    assert_eq!(s.get("/readyz").await.0, 200);
+    let metrics = s.metrics().await;
+    assert!(metrics.contains("seathold_holds_total"), "{metrics}");
+    assert!(metrics.contains("seathold_cluster_ready 1"), "{metrics}");
+    let (status, body) = s
+        .get("/v1/shows/42/holds/3f0c0000-0000-4000-8000-000000000000")
+        .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (404, Some("hold_not_found"))
+    );
+}
+
+#[tokio::test]
+async fn holds_survive_a_script_flush() {
+    let s = server().await;
+    let sh = show("noscript");
+    for port in common::master_ports().await {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut common::node(port).await)
+            .await
+            .expect("flush");
+    }
+    let t = token(&s.hold(&sh, &["R1"]).await);
+    assert_eq!(s.get(&format!("/v1/shows/{sh}/holds/{t}")).await.0, 200);
+    for port in common::master_ports().await {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut common::node(port).await)
+            .await
+            .expect("flush");
+    }
+    assert_eq!(
+        s.call("POST", &format!("/v1/shows/{sh}/holds/{t}/confirm"), None)
+            .await
+            .0,
+        200
+    );
+}

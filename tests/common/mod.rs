@@ -1,0 +1,277 @@
+//! Shared test support: one real Redis Cluster per test binary (started from
+//! the `redis-server` on PATH), in-process seathold servers on port 0, unique
+//! show ids, and direct Redis access for checking what seathold wrote.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use seathold::config::Options;
+use seathold::dev::{ClusterOptions, LocalCluster};
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+/// The cluster of this test binary: 3 masters, 1 replica each, keyspace
+/// expiry events on. Started on first use from a thread of its own so that it
+/// outlives every test's runtime.
+pub fn cluster() -> &'static LocalCluster {
+    static CLUSTER: OnceLock<LocalCluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        let started = std::thread::spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a tokio runtime");
+            rt.block_on(LocalCluster::start(ClusterOptions {
+                extra_config: vec![("notify-keyspace-events".into(), "Ex".into())],
+                ..Default::default()
+            }))
+        })
+        .join()
+        .expect("the cluster start thread");
+        match started {
+            Ok(cluster) => cluster,
+            // The message says how to install redis-server when it is
+            // missing; tests never skip silently.
+            Err(err) => panic!("cannot start the test Redis Cluster: {err}"),
+        }
+    })
+}
+
+/// A show id no other test uses.
+pub fn show(tag: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{tag}-{n}-{nanos:x}")
+}
+
+/// A seathold server running in this test's runtime.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub base: String,
+    pub http: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), seathold::server::StartError>>>,
+}
+
+/// Default options against the test cluster.
+pub fn options() -> Options {
+    Options {
+        redis_nodes: cluster().seed_urls(),
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        shutdown_drain_ms: 0,
+        ..Options::default()
+    }
+}
+
+/// A server with default options, ready.
+pub async fn server() -> TestServer {
+    server_with(options()).await
+}
+
+/// A server with the given options, ready (its /readyz answered 200).
+pub async fn server_with(opts: Options) -> TestServer {
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("local addr");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(seathold::server::run(opts, listener, async {
+        let _ = stopped.await;
+    }));
+    let server = TestServer {
+        addr,
+        base: format!("http://{addr}"),
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(15))
+            .build()
+            .expect("client"),
+        stop: Some(stop),
+        task: Some(task),
+    };
+    server.wait_ready(Duration::from_secs(30)).await;
+    server
+}
+
+impl TestServer {
+    pub async fn wait_ready(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(r) = self.http.get(format!("{}/readyz", self.base)).send().await {
+                if r.status() == 200 {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "seathold did not become ready in {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Sends a request; answers status and JSON body (Null when empty).
+    pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut req = self.http.request(method, format!("{}{}", self.base, path));
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let resp = req.send().await.expect("request");
+        let status = resp.status().as_u16();
+        let bytes = resp.bytes().await.expect("body");
+        let value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+        };
+        (status, value)
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        self.call("GET", path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.call("POST", path, Some(body)).await
+    }
+
+    /// Holds `seats` of `show`; panics unless 201. Answers the hold.
+    pub async fn hold(&self, show: &str, seats: &[&str]) -> Value {
+        let (status, body) = self
+            .post(
+                &format!("/v1/shows/{show}/holds"),
+                serde_json::json!({"seats": seats}),
+            )
+            .await;
+        assert_eq!(status, 201, "hold {show} {seats:?}: {body}");
+        body
+    }
+
+    /// `GET /metrics` as text.
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    }
+
+    /// Stops the server (graceful shutdown) and waits for it.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("server task").expect("server result");
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A direct cluster connection, for checking and arranging Redis state.
+pub async fn redis() -> ClusterConnection {
+    ClusterClient::new(cluster().seed_urls())
+        .expect("cluster client")
+        .get_async_connection()
+        .await
+        .expect("cluster connection")
+}
+
+/// A plain connection to one node.
+pub async fn node(port: u16) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("node connection")
+}
+
+/// Ports of the current masters.
+pub async fn master_ports() -> Vec<u16> {
+    let mut ports = Vec::new();
+    for n in cluster().nodes() {
+        let Ok(Ok(mut c)) = tokio::time::timeout(Duration::from_secs(2), async {
+            redis::Client::open(format!("redis://127.0.0.1:{}", n.port))?
+                .get_multiplexed_async_connection()
+                .await
+        })
+        .await
+        else {
+            continue;
+        };
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut c)
+            .await
+            .unwrap_or_default();
+        if info.lines().any(|l| l.trim() == "role:master") {
+            ports.push(n.port);
+        }
+    }
+    ports
+}
+
+/// `INFO commandstats` of every master, summed per command.
+pub async fn command_calls() -> BTreeMap<String, u64> {
+    let mut total = BTreeMap::new();
+    for port in master_ports().await {
+        let mut c = node(port).await;
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut c)
+            .await
+            .expect("info");
+        for line in info.lines() {
+            let Some((name, rest)) = line
+                .strip_prefix("cmdstat_")
+                .and_then(|l| l.split_once(':'))
+            else {
+                continue;
+            };
+            let calls = rest
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+            *total.entry(name.to_owned()).or_insert(0) += calls;
+        }
+    }
+    total
+}
+
+/// Polls `check` every 20 ms until it is true or `limit` passes.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while !check().await {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,333 @@
+//! What is refused before Redis is touched: seathold's slot function against
+//! Redis's own `CLUSTER KEYSLOT`, cross-slot multi-seat holds, and invalid
+//! requests, each proven not to reach Redis by the masters' `INFO
+//! commandstats`. Tests that count commands hold `QUIET`, so that no other
+//! test of this binary sends data commands meanwhile.
+
+mod common;
+
+use common::{server, show};
+use rand::{Rng, SeedableRng};
+use seathold::keys::{slot, KeySpace};
+use serde_json::{json, Value};
+
+static QUIET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[tokio::test]
+async fn slot_function_equals_cluster_keyslot() {
+    let port = common::cluster().nodes()[0].port;
+    let mut node = common::node(port).await;
+    let mut keys: Vec<Vec<u8>> = [
+        "",
+        "{}",
+        "{{a}}",
+        "a{}b{c}",
+        "{a}{b}",
+        "no braces",
+        "{",
+        "}",
+        "}{",
+        "a{b",
+        "a}b{c}",
+        "{a",
+        "{}{a}",
+        "{{}}",
+        "seat-hold:{show:42}:E7",
+        "seat-hold:{show:42}#hold:x",
+        "foo",
+        "123456789",
+        "{user1000}.following",
+    ]
+    .iter()
+    .map(|k| k.as_bytes().to_vec())
+    .collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+    let alphabet = b"ab{}:-_.0123456789XYZ";
+    for i in 0..10_000 {
+        let len = rng.random_range(0..24);
+        let key: Vec<u8> = if i % 4 == 0 {
+            // Arbitrary bytes too: the slot is over bytes, not characters.
+            (0..len).map(|_| rng.random::<u8>()).collect()
+        } else {
+            (0..len)
+                .map(|_| alphabet[rng.random_range(0..alphabet.len())])
+                .collect()
+        };
+        keys.push(key);
+    }
+    let mut pipe = redis::pipe();
+    for key in &keys {
+        pipe.cmd("CLUSTER").arg("KEYSLOT").arg(key);
+    }
+    let theirs: Vec<u16> = pipe.query_async(&mut node).await.expect("CLUSTER KEYSLOT");
+    assert_eq!(theirs.len(), keys.len());
+    let mismatches: Vec<_> = keys
+        .iter()
+        .zip(&theirs)
+        .filter(|(k, &s)| slot(k) != s)
+        .map(|(k, s)| (String::from_utf8_lossy(k).into_owned(), *s, slot(k)))
+        .collect();
+    assert!(
+        mismatches.is_empty(),
+        "{} mismatches, e.g. {:?}",
+        mismatches.len(),
+        &mismatches[..mismatches.len().min(5)]
+    );
+}
+
+#[tokio::test]
+async fn cross_slot_holds_are_refused_before_redis() {
+    let _quiet = QUIET.lock().await;
+    let s = server().await;
+    let ks = KeySpace::new("seat-hold:");
+    let a = show("xa");
+    let b = (0..)
+        .map(|i| format!("{a}-{i}"))
+        .find(|b| ks.show_slot(b) != ks.show_slot(&a))
+        .expect("another slot");
+    let before = common::command_calls().await;
+    let (status, body) = s
+        .post(
+            "/v1/holds",
+            json!({"seats": [{"show": a, "seat": "E7"}, {"show": b, "seat": "A1"}, {"show": a, "seat": "E8"}]}),
+        )
+        .await;
+    let after = common::command_calls().await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"], "cross_slot");
+    assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()));
+
+    // The slots named are Redis's own.
+    let mut node = common::node(common::cluster().nodes()[0].port).await;
+    let expected: Vec<(String, &str)> =
+        vec![(a.clone(), "E7"), (b.clone(), "A1"), (a.clone(), "E8")];
+    let slots = body["slots"].as_array().expect("slots");
+    assert_eq!(slots.len(), 3);
+    for ((show, seat), got) in expected.iter().zip(slots) {
+        let key = format!("seat-hold:{{show:{show}}}:{seat}");
+        let theirs: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&key)
+            .query_async(&mut node)
+            .await
+            .expect("keyslot");
+        assert_eq!(got, &json!({"show": show, "seat": seat, "slot": theirs}));
+    }
+
+    // Nothing for it reached any master: the data commands' counters did not
+    // move (the daemon's own CLUSTER probes are not data commands).
+    for cmd in [
+        "evalsha",
+        "eval",
+        "evalsha_ro",
+        "eval_ro",
+        "set",
+        "get",
+        "exists",
+        "hgetall",
+        "incr",
+    ] {
+        assert_eq!(before.get(cmd), after.get(cmd), "{cmd} reached Redis");
+    }
+    let (_, seat) = s.get(&format!("/v1/shows/{a}/seats/E7")).await;
+    assert_eq!(seat["state"], "free");
+    let metrics = s.metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("seathold_cross_slot_rejections_total") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn validation_errors_never_reach_redis() {
+    let _quiet = QUIET.lock().await;
+    let s = server().await;
+    let sh = show("bad");
+    let long = "x".repeat(65);
+    let many: Vec<String> = (0..21).map(|i| format!("M{i}")).collect();
+    let holds = format!("/v1/shows/{sh}/holds");
+    let json_cases: Vec<(String, Value, &str)> = vec![
+        (
+            holds.clone(),
+            json!({"seats": ["E7", "E7"]}),
+            "duplicate_seat",
+        ),
+        (holds.clone(), json!({"seats": []}), "invalid_request"),
+        (holds.clone(), json!({"seats": many}), "too_many_seats"),
+        (
+            holds.clone(),
+            json!({"seats": ["E7"], "ttlMs": 0}),
+            "invalid_ttl",
+        ),
+        (
+            holds.clone(),
+            json!({"seats": ["E7"], "ttlMs": -5}),
+            "invalid_ttl",
+        ),
+        (
+            holds.clone(),
+            json!({"seats": ["E7"], "ttlMs": 1.5}),
+            "invalid_ttl",
+        ),
+        (
+            holds.clone(),
+            json!({"seats": ["E7"], "ttlMs": "100"}),
+            "invalid_ttl",
+        ),
+        (
+            holds.clone(),
+            json!({"seats": ["E7"], "ttlMs": 1_800_001}),
+            "invalid_ttl",
+        ),
+        (holds.clone(), json!({"seats": ["E 7"]}), "invalid_seat"),
+        (holds.clone(), json!({"seats": ["E{7}"]}), "invalid_seat"),
+        (
+            holds.clone(),
+            json!({"seats": [long.clone()]}),
+            "invalid_seat",
+        ),
+        (holds.clone(), json!({"seats": ["é"]}), "invalid_seat"),
+        (holds.clone(), json!({"seats": [""]}), "invalid_seat"),
+        (
+            holds.clone(),
+            json!({"seats": ["E7"], "colour": "red"}),
+            "invalid_request",
+        ),
+        (holds.clone(), json!({"seats": [7]}), "invalid_request"),
+        (holds.clone(), json!({"seat": ["E7"]}), "invalid_request"),
+        (holds.clone(), json!(["E7"]), "invalid_request"),
+        (
+            format!("/v1/shows/{long}/holds"),
+            json!({"seats": ["E7"]}),
+            "invalid_show",
+        ),
+        (
+            "/v1/shows/a:b/holds".into(),
+            json!({"seats": ["E7"]}),
+            "invalid_show",
+        ),
+        (
+            "/v1/shows/a%7Bb%7D/holds".into(),
+            json!({"seats": ["E7"]}),
+            "invalid_show",
+        ),
+        (
+            "/v1/shows/%C3%A9/holds".into(),
+            json!({"seats": ["E7"]}),
+            "invalid_show",
+        ),
+        (
+            format!("/v1/shows/{sh}/seats/E%20/hold"),
+            json!({}),
+            "invalid_seat",
+        ),
+        (
+            format!("/v1/shows/{sh}/seats/E7/hold"),
+            json!({"ttlMs": 0}),
+            "invalid_ttl",
+        ),
+        (
+            format!("/v1/shows/{sh}/seats/E7/hold"),
+            json!({"ttl": 5}),
+            "invalid_request",
+        ),
+        ("/v1/holds".into(), json!({"seats": []}), "invalid_request"),
+        (
+            "/v1/holds".into(),
+            json!({"seats": [{"show": "a", "seat": "b", "x": 1}]}),
+            "invalid_request",
+        ),
+        (
+            "/v1/holds".into(),
+            json!({"seats": [{"show": "a/b", "seat": "b"}]}),
+            "invalid_show",
+        ),
+        (
+            "/v1/holds".into(),
+            json!({"seats": [{"show": "a", "seat": "b"}, {"show": "a", "seat": "b"}]}),
+            "duplicate_seat",
+        ),
+    ];
+    let before = common::command_calls().await;
+    for (path, body, code) in &json_cases {
+        let (status, answer) = s.post(path, body.clone()).await;
+        assert_eq!(
+            (status, answer["error"].as_str()),
+            (400, Some(*code)),
+            "{path} {body}: {answer}"
+        );
+        assert!(answer["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    let raw = |body: &'static str, ctype: Option<&'static str>| {
+        let mut req = s.http.post(format!("{}{holds}", s.base)).body(body);
+        if let Some(ctype) = ctype {
+            req = req.header("content-type", ctype);
+        }
+        req
+    };
+    let cases = [
+        (
+            raw("{\"seats\":[\"E7\"]", Some("application/json")),
+            400,
+            "invalid_request",
+        ),
+        (
+            raw("not json", Some("application/json")),
+            400,
+            "invalid_request",
+        ),
+        (raw("", Some("application/json")), 400, "invalid_request"),
+        (
+            raw("{\"seats\":[\"E7\"]}", Some("text/plain")),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            raw("{\"seats\":[\"E7\"]}", None),
+            415,
+            "unsupported_media_type",
+        ),
+    ];
+    for (req, want_status, code) in cases {
+        let r = req.send().await.expect("send");
+        let status = r.status().as_u16();
+        let body: Value = r.json().await.expect("json");
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (want_status, Some(code)),
+            "{body}"
+        );
+    }
+    let huge = json!({"seats": ["E7"], "pad": "x".repeat(70_000)}).to_string();
+    let r = s
+        .http
+        .post(format!("{}{holds}", s.base))
+        .header("content-type", "application/json")
+        .body(huge)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 413);
+    assert_eq!(
+        r.json::<Value>().await.expect("json")["error"],
+        "payload_too_large"
+    );
+    let (status, body) = s
+        .call("POST", "/v1/shows/42/holds/not-a-token/confirm", None)
+        .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (404, Some("hold_not_found"))
+    );
+
+    let after = common::command_calls().await;
+    for cmd in ["evalsha", "eval", "set", "get", "hgetall", "evalsha_ro"] {
+        assert_eq!(
+            before.get(cmd),
+            after.get(cmd),
+            "{cmd} was sent to Redis by a request refused up front"
+        );
+    }
+}
