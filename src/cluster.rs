@@ -236,11 +236,14 @@ impl Cluster {
             })
     }
 
-    /// Runs `fut` with the Redis timeout; on failure counts the fault.
+    /// Runs `fut`, Redis operation `op`, with the Redis timeout; records its
+    /// latency and, on failure, counts the fault.
     pub async fn bounded<T>(
         &self,
+        op: &'static str,
         fut: impl std::future::Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
+        let start = Instant::now();
         let result = match tokio::time::timeout(self.timeout, fut).await {
             Ok(result) => result,
             Err(_) => Err(Error::RedisUnavailable(
@@ -262,6 +265,8 @@ impl Cluster {
                 self.last_ok_ms.store(self.elapsed_ms(), Ordering::Relaxed);
             }
         }
+        metrics::histogram!(crate::metrics::REDIS_DURATION, "op" => op)
+            .record(start.elapsed().as_secs_f64());
         result
     }
 
@@ -415,6 +420,18 @@ impl Cluster {
         {
             return Ok(conn);
         }
+        let client = self.node_client(addr)?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        Ok(client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?)
+    }
+
+    /// A client for one node (`host:port`), with the seeds' credentials and
+    /// TLS settings.
+    pub fn node_client(&self, addr: &str) -> Result<redis::Client, Error> {
         let (host, port) = addr
             .rsplit_once(':')
             .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
@@ -432,14 +449,9 @@ impl Cluster {
             },
             _ => ConnectionAddr::Tcp(host, port),
         };
-        let info = self.node_template.clone().set_addr(node_addr);
-        let client = redis::Client::open(info)?;
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout));
-        Ok(client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?)
+        Ok(redis::Client::open(
+            self.node_template.clone().set_addr(node_addr),
+        )?)
     }
 
     /// Gives a dedicated connection back after a clean use.

@@ -73,6 +73,10 @@ const POLL_INTERVAL: Duration = Duration::from_millis(25);
 /// Timeout for one connection attempt or one command during setup and checks.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Timeout of the start-up probe (`INFO server`), which is repeated until the
+/// server answers; a local Redis answers in well under a millisecond.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
+
 /// How long `redis-server`s get to exit after `SIGTERM` before `SIGKILL`.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
@@ -798,11 +802,16 @@ impl LocalCluster {
                 attempts += 1;
                 let node_dir = self.lock()[index].dir.clone();
                 // A bus-port clash happens after nodes.conf was written with
-                // the old port; start over as a brand-new node.
-                let nodes_conf = node_dir.join("nodes.conf");
-                if nodes_conf.exists() {
-                    fs::remove_file(&nodes_conf)
-                        .map_err(io_error(format!("removing {}", nodes_conf.display())))?;
+                // the old port: start over as a brand-new node. The old logs
+                // go too, so that their "Address already in use" cannot be
+                // mistaken for the outcome of the next attempt.
+                for name in ["nodes.conf", REDIS_LOG, STDIO_LOG] {
+                    let path = node_dir.join(name);
+                    match fs::remove_file(&path) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                        Err(e) => return Err(io_error(format!("removing {}", path.display()))(e)),
+                    }
                 }
                 self.configure_node(index, opts)?;
                 self.spawn_node(index)?;
@@ -1389,7 +1398,8 @@ fn render_config(port: u16, node_dir: &Path, opts: &ClusterOptions) -> Result<St
          save \"\"\n\
          appendonly no\n\
          repl-diskless-sync yes\n\
-         repl-diskless-sync-delay 0\n",
+         repl-diskless-sync-delay 0\n\
+         repl-ping-replica-period 1\n",
         dir = conf_quote(dir),
         log = conf_quote(log),
         timeout = opts.node_timeout_ms,
@@ -1455,6 +1465,10 @@ fn command_name(cmd: &redis::Cmd) -> String {
 
 /// A fresh connection to one node, with connect and response timeouts.
 async fn connect(port: u16) -> Result<MultiplexedConnection, DevError> {
+    connect_within(port, COMMAND_TIMEOUT).await
+}
+
+async fn connect_within(port: u16, timeout: Duration) -> Result<MultiplexedConnection, DevError> {
     let fail = |source| DevError::Redis {
         port,
         command: "connect".into(),
@@ -1462,17 +1476,17 @@ async fn connect(port: u16) -> Result<MultiplexedConnection, DevError> {
     };
     let client = redis::Client::open(node_url(port)).map_err(fail)?;
     let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(COMMAND_TIMEOUT))
-        .set_response_timeout(Some(COMMAND_TIMEOUT));
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
     match tokio::time::timeout(
-        COMMAND_TIMEOUT,
+        timeout,
         client.get_multiplexed_async_connection_with_config(&config),
     )
     .await
     {
         Ok(result) => result.map_err(fail),
         Err(_) => Err(DevError::Timeout {
-            waited: COMMAND_TIMEOUT,
+            waited: timeout,
             what: format!("a connection to port {port}"),
             log_tail: String::new(),
         }),
@@ -1485,26 +1499,37 @@ async fn query<T: FromRedisValue>(
     port: u16,
     cmd: redis::Cmd,
 ) -> Result<T, DevError> {
-    match tokio::time::timeout(COMMAND_TIMEOUT, cmd.query_async::<T>(con)).await {
+    query_within(con, port, cmd, COMMAND_TIMEOUT).await
+}
+
+async fn query_within<T: FromRedisValue>(
+    con: &mut MultiplexedConnection,
+    port: u16,
+    cmd: redis::Cmd,
+    timeout: Duration,
+) -> Result<T, DevError> {
+    match tokio::time::timeout(timeout, cmd.query_async::<T>(con)).await {
         Ok(result) => result.map_err(|source| DevError::Redis {
             port,
             command: command_name(&cmd),
             source,
         }),
         Err(_) => Err(DevError::Timeout {
-            waited: COMMAND_TIMEOUT,
+            waited: timeout,
             what: format!("a reply to `{}` from port {port}", command_name(&cmd)),
             log_tail: String::new(),
         }),
     }
 }
 
-/// The pid of whatever server answers on `port`.
+/// The pid of whatever server answers on `port`. The short timeout keeps
+/// a port held by something that is not Redis from delaying the detection
+/// that our own server exited.
 async fn server_pid(port: u16) -> Result<u32, DevError> {
-    let mut con = connect(port).await?;
+    let mut con = connect_within(port, PROBE_TIMEOUT).await?;
     let mut info = redis::cmd("INFO");
     info.arg("server");
-    let text: String = query(&mut con, port, info).await?;
+    let text: String = query_within(&mut con, port, info, PROBE_TIMEOUT).await?;
     info_field(&text, "process_id")
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| DevError::Protocol {

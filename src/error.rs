@@ -64,6 +64,18 @@ pub enum RedisFault {
 }
 
 impl RedisFault {
+    /// Every kind, for registering the series at zero.
+    pub const ALL: [Self; 8] = [
+        Self::Timeout,
+        Self::Io,
+        Self::Cluster,
+        Self::ReadOnly,
+        Self::Auth,
+        Self::NotConnected,
+        Self::Protocol,
+        Self::Other,
+    ];
+
     /// The metric label.
     pub fn label(self) -> &'static str {
         match self {

@@ -271,7 +271,7 @@ impl Service {
         let fences = shows.len();
         let reply: Vec<i64> = self
             .cluster
-            .bounded(async {
+            .bounded("hold", async {
                 let mut conn = self.cluster.conn()?;
                 Ok(self
                     .cluster
@@ -350,7 +350,7 @@ impl Service {
         }
         let reply: Vec<Value> = self
             .cluster
-            .bounded(async {
+            .bounded("lookup", async {
                 let mut conn = self.cluster.conn()?;
                 Ok(self
                     .cluster
@@ -438,7 +438,7 @@ impl Service {
         let max = self.limits.max_hold_lifetime_ms;
         let reply: Vec<i64> = self
             .cluster
-            .bounded(async {
+            .bounded("extend", async {
                 let mut conn = self.cluster.conn()?;
                 Ok(self
                     .cluster
@@ -487,7 +487,7 @@ impl Service {
         key_list.extend(self.seat_keys(show, &rec.seats));
         let released: i64 = self
             .cluster
-            .bounded(async {
+            .bounded("release", async {
                 let mut conn = self.cluster.conn()?;
                 Ok(self
                     .cluster
@@ -528,7 +528,7 @@ impl Service {
 
         let (first, fence, replicas) = self
             .cluster
-            .bounded(async {
+            .bounded("confirm", async {
                 let mut attempt = 0;
                 loop {
                     attempt += 1;
@@ -629,7 +629,7 @@ impl Service {
         let key_list: Vec<String> = seats.iter().map(|s| self.keys.seat(show, s)).collect();
         let reply: Vec<i64> = self
             .cluster
-            .bounded(async {
+            .bounded("seats", async {
                 let mut conn = self.cluster.conn()?;
                 Ok(self
                     .cluster

@@ -16,6 +16,7 @@
 //! - [`keys`]: id rules, the key schema, hash slots (CRC16 as Redis does).
 //! - [`scripts`]: the Lua scripts of `lua/`, run by EVALSHA.
 //! - [`cluster`]: the Redis Cluster connection, slot map, readiness.
+//! - [`expiry`]: counts expired holds from every master's keyspace events.
 //! - [`metrics`]: metric names and the Prometheus recorder.
 //! - [`dev`]: a local Redis Cluster from `redis-server`, for `seathold dev`
 //!   and the tests.
@@ -24,6 +25,7 @@ pub mod cluster;
 pub mod config;
 pub mod dev;
 pub mod error;
+pub mod expiry;
 pub mod hold;
 pub mod http;
 pub mod keys;

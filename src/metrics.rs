@@ -38,6 +38,17 @@ pub const TOPOLOGY_CHANGES: &str = "seathold_topology_changes_total";
 pub const MASTERS: &str = "seathold_redis_masters";
 /// HTTP requests being served.
 pub const HTTP_IN_FLIGHT: &str = "seathold_http_requests_in_flight";
+/// Open HTTP connections.
+pub const HTTP_CONNECTIONS: &str = "seathold_http_connections";
+/// HTTP requests refused with 503 because the in-flight limit was reached.
+pub const HTTP_OVERLOADED: &str = "seathold_http_overloaded_total";
+/// Latency of each Redis operation (one script run, or a WAIT), by `op`.
+pub const REDIS_DURATION: &str = "seathold_redis_command_duration_seconds";
+/// Masters whose keyspace expiry events seathold is subscribed to.
+pub const EXPIRY_SUBSCRIPTIONS: &str = "seathold_expiry_subscriptions";
+/// 1 when every master emits the expired-key events the expiry counter
+/// needs; 0 when one does not and seathold could not turn them on.
+pub const KEYSPACE_EVENTS_ENABLED: &str = "seathold_keyspace_events_enabled";
 
 /// Installs the global Prometheus recorder and returns the handle that
 /// renders `/metrics`. Safe to call more than once in one process (tests):
@@ -103,6 +114,24 @@ fn describe() {
     describe_counter!(TOPOLOGY_CHANGES, "Redis Cluster slot map changes seen.");
     describe_gauge!(MASTERS, "Masters in the current Redis Cluster slot map.");
     describe_gauge!(HTTP_IN_FLIGHT, "HTTP requests being served.");
+    describe_gauge!(HTTP_CONNECTIONS, "Open HTTP connections.");
+    describe_counter!(
+        HTTP_OVERLOADED,
+        "Requests refused with 503 at the in-flight limit."
+    );
+    describe_histogram!(
+        REDIS_DURATION,
+        Unit::Seconds,
+        "Latency of Redis operations by op."
+    );
+    describe_gauge!(
+        EXPIRY_SUBSCRIPTIONS,
+        "Masters whose expiry events seathold is subscribed to."
+    );
+    describe_gauge!(
+        KEYSPACE_EVENTS_ENABLED,
+        "1 when every master emits expired-key events; 0 when expiries cannot be counted."
+    );
 }
 
 /// Registers every contract counter at zero so that dashboards and alerts
@@ -119,9 +148,14 @@ pub fn register_zeroes() {
         CROSS_SLOT_REJECTIONS,
         CONFIRMS_NOT_REPLICATED,
         TOPOLOGY_CHANGES,
+        HTTP_OVERLOADED,
     ] {
         metrics::counter!(name).increment(0);
     }
+    for kind in crate::error::RedisFault::ALL {
+        metrics::counter!(REDIS_ERRORS, "kind" => kind.label()).increment(0);
+    }
     metrics::gauge!(CLUSTER_READY).set(0.0);
     metrics::gauge!(HTTP_IN_FLIGHT).set(0.0);
+    metrics::gauge!(HTTP_CONNECTIONS).set(0.0);
 }

@@ -86,7 +86,12 @@ pub async fn run(
 ) -> Result<(), StartError> {
     let app = app(&opts)?;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let maintain = tokio::spawn(Arc::clone(app.service.cluster()).maintain(stop_rx));
+    let maintain = tokio::spawn(Arc::clone(app.service.cluster()).maintain(stop_rx.clone()));
+    let expiry = tokio::spawn(crate::expiry::run(
+        Arc::clone(app.service.cluster()),
+        app.service.keys().clone(),
+        stop_rx,
+    ));
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "serving HTTP");
     }
@@ -116,6 +121,7 @@ pub async fn run(
     }
     let _ = stop_tx.send(true);
     let _ = maintain.await;
+    let _ = expiry.await;
     tracing::info!("stopped");
     Ok(())
 }
@@ -142,10 +148,13 @@ async fn accept_until(
                         .header_read_timeout(HEADER_READ_TIMEOUT)
                         .serve_connection(TokioIo::new(stream), service);
                     let conn = graceful.watch(conn);
+                    let open = metrics::gauge!(crate::metrics::HTTP_CONNECTIONS);
+                    open.increment(1.0);
                     tokio::spawn(async move {
                         if let Err(err) = conn.await {
                             tracing::debug!(error = %err, "connection ended with an error");
                         }
+                        open.decrement(1.0);
                     });
                 }
                 Err(err) => {

@@ -499,6 +499,23 @@ fn a_missing_redis_server_says_how_to_install_it() {
     ));
 }
 
+#[tokio::test]
+async fn a_node_that_cannot_start_is_reported_with_its_log() {
+    let result = LocalCluster::start(ClusterOptions {
+        masters: 1,
+        replicas_per_master: 0,
+        extra_config: vec![("seathold-no-such-directive".into(), "1".into())],
+        ..ClusterOptions::default()
+    })
+    .await;
+    let err = result.expect_err("redis-server rejects an unknown directive");
+    let msg = err.to_string();
+    assert!(matches!(err, DevError::Node { .. }), "{msg}");
+    // redis-server's own complaint, quoted from the node's log.
+    assert!(msg.contains("seathold-no-such-directive"), "{msg}");
+    eprintln!("{msg}");
+}
+
 const ORPHAN_HELPER_ENV: &str = "SEATHOLD_DEV_ORPHAN_HELPER";
 
 /// Run by `a_cluster_whose_process_exits_is_cleaned_up`: starts a cluster

@@ -1,0 +1,246 @@
+//! Counting holds that expired, from Redis's own keyspace events.
+//!
+//! Keyspace notifications are node-local: each master publishes the keys it
+//! expires on its own `__keyevent@0__:expired` channel, and nothing is
+//! forwarded across the cluster. So seathold keeps one subscription per
+//! master, follows the slot map (a replica promoted after a failover, a
+//! master added) and counts every expired hold record: a record expires only
+//! when its hold was neither released nor confirmed (both delete it).
+//!
+//! Redis emits `expired` when it deletes the key, on access or in its
+//! background sweep, so the counter can trail the TTL by seconds when many
+//! keys carry TTLs.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::cluster::Cluster;
+use crate::keys::KeySpace;
+use crate::metrics as m;
+
+/// The channel of expired-key events of database 0.
+pub const CHANNEL: &str = "__keyevent@0__:expired";
+
+/// Shared state of the per-master subscribers.
+struct Shared {
+    cluster: Arc<Cluster>,
+    keys: KeySpace,
+    subscribed: AtomicUsize,
+    /// Masters on which events are off and could not be turned on.
+    disabled: AtomicUsize,
+}
+
+/// Runs the subscribers until `shutdown` turns true.
+pub async fn run(cluster: Arc<Cluster>, keys: KeySpace, mut shutdown: watch::Receiver<bool>) {
+    let mut topology = cluster.watch_topology();
+    let shared = Arc::new(Shared {
+        cluster,
+        keys,
+        subscribed: AtomicUsize::new(0),
+        disabled: AtomicUsize::new(0),
+    });
+    let mut tasks: HashMap<String, JoinHandle<()>> = HashMap::new();
+    loop {
+        let masters = topology.borrow_and_update().masters.clone();
+        tasks.retain(|addr, task| {
+            let keep = masters.contains(addr);
+            if !keep {
+                tracing::info!(%addr, "no longer a master: dropping its expiry subscription");
+                task.abort();
+            }
+            keep
+        });
+        for addr in masters {
+            tasks.entry(addr.clone()).or_insert_with(|| {
+                tracing::info!(%addr, "subscribing to expiry events");
+                tokio::spawn(subscribe(Arc::clone(&shared), addr))
+            });
+        }
+        tokio::select! {
+            changed = topology.changed() => if changed.is_err() { break },
+            _ = shutdown.wait_for(|s| *s) => break,
+        }
+    }
+    for task in tasks.into_values() {
+        task.abort();
+    }
+}
+
+/// Marks a master subscribed (or enabled) for as long as the guard lives,
+/// so an aborted task never leaves the gauges counting it.
+struct Flag<'a> {
+    count: &'a AtomicUsize,
+    gauge: &'static str,
+    set: AtomicBool,
+    invert: bool,
+}
+
+impl<'a> Flag<'a> {
+    fn new(count: &'a AtomicUsize, gauge: &'static str, invert: bool) -> Self {
+        Self {
+            count,
+            gauge,
+            set: AtomicBool::new(false),
+            invert,
+        }
+    }
+
+    fn publish(&self) {
+        let n = self.count.load(Ordering::Relaxed) as f64;
+        let value = if self.invert {
+            f64::from(u8::from(n == 0.0))
+        } else {
+            n
+        };
+        metrics::gauge!(self.gauge).set(value);
+    }
+
+    fn set(&self, on: bool) {
+        if self.set.swap(on, Ordering::Relaxed) != on {
+            if on {
+                self.count.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.count.fetch_sub(1, Ordering::Relaxed);
+            }
+            self.publish();
+        }
+    }
+}
+
+impl Drop for Flag<'_> {
+    fn drop(&mut self) {
+        self.set(false);
+    }
+}
+
+/// Subscribes to one master's expiry events, reconnecting until aborted.
+async fn subscribe(shared: Arc<Shared>, addr: String) {
+    let subscribed = Flag::new(&shared.subscribed, m::EXPIRY_SUBSCRIPTIONS, false);
+    let disabled = Flag::new(&shared.disabled, m::KEYSPACE_EVENTS_ENABLED, true);
+    let timeout = shared.cluster.timeout();
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match session(&shared, &addr, &subscribed, &disabled, timeout).await {
+            Ok(()) => tracing::warn!(%addr, "expiry event stream ended; resubscribing"),
+            Err(err) => tracing::warn!(%addr, error = %err, "expiry subscription failed; retrying"),
+        }
+        subscribed.set(false);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+async fn session(
+    shared: &Shared,
+    addr: &str,
+    subscribed: &Flag<'_>,
+    disabled: &Flag<'_>,
+    timeout: Duration,
+) -> Result<(), String> {
+    let client = shared
+        .cluster
+        .node_client(addr)
+        .map_err(|e| e.to_string())?;
+    let bounded = |what: &'static str| move |_| format!("{what} timed out");
+
+    // Make sure the master emits the events: `E` (keyevent channel) with
+    // `x` (expired), or `A` (all, which includes `x`).
+    let mut conn = tokio::time::timeout(timeout, client.get_multiplexed_async_connection())
+        .await
+        .map_err(bounded("connect"))?
+        .map_err(|e| e.to_string())?;
+    match ensure_events(&mut conn, timeout).await {
+        Ok(changed) => {
+            disabled.set(false);
+            disabled.publish();
+            if changed {
+                tracing::info!(%addr, "turned on notify-keyspace-events for expired keys");
+            }
+        }
+        Err(err) => {
+            disabled.set(true);
+            tracing::warn!(%addr, error = %err,
+                "cannot turn on expired-key events on this master; seathold_hold_expiries_total will miss its expiries. \
+                 Set notify-keyspace-events to include E and x in redis.conf");
+        }
+    }
+    drop(conn);
+
+    let pubsub = tokio::time::timeout(timeout, client.get_async_pubsub())
+        .await
+        .map_err(bounded("connect"))?
+        .map_err(|e| e.to_string())?;
+    let (mut sink, mut stream) = pubsub.split();
+    tokio::time::timeout(timeout, sink.subscribe(CHANNEL))
+        .await
+        .map_err(bounded("subscribe"))?
+        .map_err(|e| e.to_string())?;
+    subscribed.set(true);
+
+    // A ping now and then notices a half-open connection (a node that
+    // vanished without closing the socket).
+    let mut ping = tokio::time::interval(Duration::from_secs(5));
+    ping.tick().await;
+    loop {
+        tokio::select! {
+            msg = stream.next() => {
+                let Some(msg) = msg else { return Ok(()) };
+                let key = msg.get_payload_bytes();
+                if std::str::from_utf8(key).is_ok_and(|k| shared.keys.parse_hold_record(k).is_some()) {
+                    metrics::counter!(m::HOLD_EXPIRIES).increment(1);
+                }
+            }
+            _ = ping.tick() => {
+                let pong: Result<Result<String, _>, _> = tokio::time::timeout(timeout, sink.ping()).await;
+                match pong {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => return Err(format!("ping failed: {e}")),
+                    Err(_) => return Err("ping timed out".into()),
+                }
+            }
+        }
+    }
+}
+
+/// Adds `E` and `x` to the master's `notify-keyspace-events` when missing.
+/// Answers whether it changed anything.
+async fn ensure_events(
+    conn: &mut redis::aio::MultiplexedConnection,
+    timeout: Duration,
+) -> Result<bool, String> {
+    let work = async {
+        let (_, flags): (String, String) = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("notify-keyspace-events")
+            .query_async(conn)
+            .await?;
+        let has_expired = flags.contains('x') || flags.contains('A');
+        if flags.contains('E') && has_expired {
+            return Ok(false);
+        }
+        let mut wanted = flags.clone();
+        if !flags.contains('E') {
+            wanted.push('E');
+        }
+        if !has_expired {
+            wanted.push('x');
+        }
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg(&wanted)
+            .query_async(conn)
+            .await?;
+        Ok::<_, redis::RedisError>(true)
+    };
+    match tokio::time::timeout(timeout, work).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err("CONFIG timed out".into()),
+    }
+}

@@ -1,0 +1,157 @@
+//! Failures of Redis itself: a master killed under load. The tests of this
+//! binary change the cluster's shape, so they take `SERIAL` and leave the
+//! cluster healthy again (the killed node restarted, as a replica).
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::{cluster, server, show};
+use serde_json::Value;
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn counter(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn master_killed_under_load_fails_over_and_counts_expiries_on_the_new_master() {
+    let _serial = SERIAL.lock().await;
+    let s = server().await;
+    let sh = show("failover");
+    let slot = seathold::keys::KeySpace::new("seat-hold:").show_slot(&sh);
+    let master = cluster()
+        .master_port_for_slot(slot)
+        .await
+        .expect("master of the slot");
+
+    // Steady holds on the show's slot, each a fresh seat.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..4 {
+        let (http, base, sh, stop) = (s.http.clone(), s.base.clone(), sh.clone(), stop.clone());
+        workers.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                let started = Instant::now();
+                let r = http
+                    .post(format!("{base}/v1/shows/{sh}/seats/W{w}-{i}/hold"))
+                    .send()
+                    .await;
+                let (status, body) = match r {
+                    Ok(r) => (
+                        r.status().as_u16(),
+                        r.json::<Value>().await.unwrap_or(Value::Null),
+                    ),
+                    Err(e) => panic!("transport error: {e}"),
+                };
+                seen.push((started, started.elapsed(), status, body));
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            seen
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let killed_at = Instant::now();
+    cluster().kill(master).expect("kill the master");
+    // Wait for the first success after the kill.
+    let mut recovered_at = None;
+    while killed_at.elapsed() < Duration::from_secs(20) {
+        let (status, _) = s
+            .call(
+                "POST",
+                &format!(
+                    "/v1/shows/{sh}/seats/probe-{}/hold",
+                    killed_at.elapsed().as_millis()
+                ),
+                None,
+            )
+            .await;
+        if status == 201 && killed_at.elapsed() > Duration::from_millis(100) {
+            recovered_at = Some(Instant::now());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut all = Vec::new();
+    for w in workers {
+        all.extend(w.await.expect("worker"));
+    }
+    let recovered_at = recovered_at.expect("holds on the slot never succeeded again within 20 s");
+
+    let mut statuses: HashMap<u16, usize> = HashMap::new();
+    let mut failing_from = None::<Instant>;
+    let mut failing_to = None::<Instant>;
+    for (started, took, status, body) in &all {
+        *statuses.entry(*status).or_default() += 1;
+        assert!(
+            matches!(status, 201 | 503),
+            "only 201 or 503 during a failover, got {status}: {body}"
+        );
+        assert!(
+            *took < Duration::from_millis(3_000),
+            "a request took {took:?}: the Redis timeout must bound it"
+        );
+        if *status == 503 {
+            assert_eq!(body["error"], "redis_unavailable", "{body}");
+            failing_from = Some(failing_from.map_or(*started, |f: Instant| f.min(*started)));
+            failing_to =
+                Some(failing_to.map_or(*started + *took, |t: Instant| t.max(*started + *took)));
+        }
+    }
+    let window = recovered_at - killed_at;
+    eprintln!(
+        "failover: {} requests {statuses:?}; holds on the slot failed for {:?} (kill to first success {window:?})",
+        all.len(),
+        failing_to.zip(failing_from).map(|(t, f)| t - f)
+    );
+    assert!(
+        window < Duration::from_secs(5),
+        "failover window {window:?} is not under 5 s"
+    );
+    assert!(statuses.get(&201).copied().unwrap_or(0) > 10);
+
+    // The promoted replica expires keys now: its expiry is counted too.
+    let new_master = cluster()
+        .master_port_for_slot(slot)
+        .await
+        .expect("new master");
+    assert_ne!(new_master, master);
+    common::eventually(
+        Duration::from_secs(10),
+        "a subscription to the new master",
+        || async { counter(&s.metrics().await, "seathold_expiry_subscriptions") >= 3.0 },
+    )
+    .await;
+    let before = counter(&s.metrics().await, "seathold_hold_expiries_total");
+    let (status, _) = s
+        .post(
+            &format!("/v1/shows/{sh}/seats/short/hold"),
+            serde_json::json!({"ttlMs": 200}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    common::eventually(
+        Duration::from_secs(15),
+        "the expiry on the new master to be counted",
+        || async { counter(&s.metrics().await, "seathold_hold_expiries_total") >= before + 1.0 },
+    )
+    .await;
+
+    cluster()
+        .restart(master)
+        .await
+        .expect("restart the old master");
+    cluster()
+        .wait_until_ok(Duration::from_secs(30))
+        .await
+        .expect("cluster healthy again");
+}
