@@ -125,6 +125,31 @@ pub struct Options {
     #[arg(long, env = "SEATHOLD_MAX_BODY_BYTES", default_value_t = 65_536)]
     pub max_body_bytes: usize,
 
+    /// Most requests served at once; past it a request gets 503
+    /// `overloaded` at once instead of queueing.
+    #[arg(long, env = "SEATHOLD_MAX_IN_FLIGHT", default_value_t = 1024)]
+    pub max_in_flight: usize,
+
+    /// Most open HTTP connections; past it a new connection gets one 503
+    /// `overloaded` and is closed.
+    #[arg(long, env = "SEATHOLD_MAX_CONNECTIONS", default_value_t = 8192)]
+    pub max_connections: usize,
+
+    /// How long a client may take to send a request's head (slowloris
+    /// guard); an idle keep-alive connection is closed after it too.
+    #[arg(
+        long,
+        env = "SEATHOLD_HEADER_READ_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
+    pub header_read_timeout_ms: u64,
+
+    /// When set, every write route (POST and DELETE under /v1) needs
+    /// `Authorization: Bearer <token>`; reads, health and metrics stay
+    /// open. Prefer the environment variable to the flag.
+    #[arg(long, env = "SEATHOLD_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+
     /// Log format.
     #[arg(long, env = "SEATHOLD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -183,6 +208,15 @@ impl Options {
                 "--confirm-wait-timeout-ms ({}) must be below --redis-timeout-ms ({}), which bounds the whole confirm",
                 self.confirm_wait_timeout_ms, self.redis_timeout_ms
             ));
+        }
+        if self.max_in_flight == 0 || self.max_connections == 0 {
+            return fail("--max-in-flight and --max-connections must be at least 1".into());
+        }
+        if self.header_read_timeout_ms == 0 {
+            return fail("--header-read-timeout-ms must be positive".into());
+        }
+        if self.api_token.as_deref().is_some_and(|t| t.len() < 16) {
+            return fail("--api-token must be at least 16 characters".into());
         }
         if self.max_body_bytes < 256 {
             return fail("--max-body-bytes must be at least 256".into());

@@ -154,7 +154,9 @@ pub enum Error {
     NotReplicated(Confirmation),
     #[error("a missing or wrong API token")]
     Unauthorized,
-    #[error("the server is at its limit of requests in flight; try again")]
+    #[error("the request body did not arrive in time")]
+    RequestTimeout,
+    #[error("the server is at its limit of requests or connections; try again shortly")]
     Overloaded,
     #[error("internal error")]
     Internal(String),
@@ -177,6 +179,7 @@ impl Error {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::CrossSlot(_) | Self::LifetimeExceeded { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::RedisUnavailable(..) | Self::NotReplicated(_) | Self::Overloaded => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -201,9 +204,11 @@ impl Error {
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::CrossSlot(_) => "cross_slot",
             Self::LifetimeExceeded { .. } => "lifetime_exceeded",
-            Self::RedisUnavailable(..) | Self::Overloaded => "redis_unavailable",
+            Self::RedisUnavailable(..) => "redis_unavailable",
+            Self::Overloaded => "overloaded",
             Self::NotReplicated(_) => "not_replicated",
             Self::Unauthorized => "unauthorized",
+            Self::RequestTimeout => "request_timeout",
             Self::Internal(_) => "internal",
         }
     }

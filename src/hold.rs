@@ -559,9 +559,10 @@ impl Service {
                         .await;
                     let reply = match reply {
                         Ok(r) => r,
-                        Err(e) if e.redirect_node().is_some() && attempt < 3 => {
-                            // The slot moved (failover, resharding): learn
-                            // the new owner and try there.
+                        Err(e) if moved(&e) && attempt < 3 => {
+                            // The slot moved (failover, resharding), or this
+                            // node was demoted to replica: learn the new
+                            // owner and try there.
                             self.cluster.refresh_topology().await;
                             continue;
                         }
@@ -656,6 +657,12 @@ impl Service {
             })
             .collect())
     }
+}
+
+/// Whether `err` says the slot is now served elsewhere.
+fn moved(err: &redis::RedisError) -> bool {
+    err.redirect_node().is_some()
+        || err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
 }
 
 fn m_counter(name: &'static str, by: u64) {

@@ -4,9 +4,9 @@
 //! a routing crate, and the match gives each route its template for the
 //! latency histogram without building strings per request.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -26,7 +26,28 @@ pub struct App {
     pub metrics: PrometheusHandle,
     /// Set at the start of shutdown: `/readyz` answers 503 from then on.
     pub shutting_down: AtomicBool,
-    pub max_body_bytes: usize,
+    max_body_bytes: usize,
+    max_in_flight: usize,
+    /// How long a client may take to send a body.
+    body_timeout: Duration,
+    api_token: Option<String>,
+    in_flight: AtomicUsize,
+}
+
+impl App {
+    /// The application state, with the HTTP limits of `opts`.
+    pub fn new(service: Service, metrics: PrometheusHandle, opts: &crate::config::Options) -> Self {
+        Self {
+            service,
+            metrics,
+            shutting_down: AtomicBool::new(false),
+            max_body_bytes: opts.max_body_bytes,
+            max_in_flight: opts.max_in_flight,
+            body_timeout: Duration::from_millis(opts.header_read_timeout_ms),
+            api_token: opts.api_token.clone(),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
 }
 
 /// The response type of every route.
@@ -74,15 +95,16 @@ where
     B::Error: std::error::Error + Send + Sync + 'static,
 {
     let start = Instant::now();
-    let in_flight = metrics::gauge!(m::HTTP_IN_FLIGHT);
-    in_flight.increment(1.0);
-    let (route, result) = route(&app, req).await;
-    let response = result.unwrap_or_else(error_response);
-    in_flight.decrement(1.0);
-    metrics::histogram!(m::HTTP_DURATION, "route" => route, "status" => status_label(response.status()))
+    let path = req.uri().path().to_owned();
+    let route = Route::parse(&path);
+    let response = serve(&app, &route, req)
+        .await
+        .unwrap_or_else(error_response);
+    let template = route.template();
+    metrics::histogram!(m::HTTP_DURATION, "route" => template, "status" => status_label(response.status()))
         .record(start.elapsed().as_secs_f64());
     tracing::debug!(
-        route,
+        route = template,
         status = response.status().as_u16(),
         micros = start.elapsed().as_micros() as u64,
         "request"
@@ -90,97 +112,237 @@ where
     response
 }
 
-async fn route<B>(app: &App, req: Request<B>) -> (&'static str, Result<Resp, Error>)
+/// The routes, parsed from the path alone; each borrows its ids from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route<'p> {
+    Healthz,
+    Readyz,
+    Metrics,
+    MultiHold,
+    ShowHolds { show: &'p str },
+    SeatHold { show: &'p str, seat: &'p str },
+    Hold { show: &'p str, token: &'p str },
+    Extend { show: &'p str, token: &'p str },
+    Confirm { show: &'p str, token: &'p str },
+    Seat { show: &'p str, seat: &'p str },
+    Seats { show: &'p str },
+    Unknown,
+}
+
+impl<'p> Route<'p> {
+    /// Matches a path (without query) to a route.
+    pub fn parse(path: &'p str) -> Self {
+        let mut segs = [""; 7];
+        let mut n = 0;
+        for seg in path.strip_prefix('/').unwrap_or(path).split('/') {
+            if n == segs.len() {
+                return Self::Unknown;
+            }
+            segs[n] = seg;
+            n += 1;
+        }
+        match &segs[..n] {
+            ["healthz"] => Self::Healthz,
+            ["readyz"] => Self::Readyz,
+            ["metrics"] => Self::Metrics,
+            ["v1", "holds"] => Self::MultiHold,
+            ["v1", "shows", show, "holds"] => Self::ShowHolds { show },
+            ["v1", "shows", show, "seats", seat, "hold"] => Self::SeatHold { show, seat },
+            ["v1", "shows", show, "holds", token] => Self::Hold { show, token },
+            ["v1", "shows", show, "holds", token, "extend"] => Self::Extend { show, token },
+            ["v1", "shows", show, "holds", token, "confirm"] => Self::Confirm { show, token },
+            ["v1", "shows", show, "seats", seat] => Self::Seat { show, seat },
+            ["v1", "shows", show, "seats"] => Self::Seats { show },
+            _ => Self::Unknown,
+        }
+    }
+
+    /// The route's template: the `route` label of the latency histogram.
+    pub fn template(&self) -> &'static str {
+        match self {
+            Self::Healthz => "/healthz",
+            Self::Readyz => "/readyz",
+            Self::Metrics => "/metrics",
+            Self::MultiHold => "/v1/holds",
+            Self::ShowHolds { .. } => "/v1/shows/{show}/holds",
+            Self::SeatHold { .. } => "/v1/shows/{show}/seats/{seat}/hold",
+            Self::Hold { .. } => "/v1/shows/{show}/holds/{token}",
+            Self::Extend { .. } => "/v1/shows/{show}/holds/{token}/extend",
+            Self::Confirm { .. } => "/v1/shows/{show}/holds/{token}/confirm",
+            Self::Seat { .. } => "/v1/shows/{show}/seats/{seat}",
+            Self::Seats { .. } => "/v1/shows/{show}/seats",
+            Self::Unknown => "unmatched",
+        }
+    }
+
+    /// The methods the route answers, for 405's `Allow`.
+    fn allow(&self) -> &'static str {
+        match self {
+            Self::Healthz
+            | Self::Readyz
+            | Self::Metrics
+            | Self::Seat { .. }
+            | Self::Seats { .. } => "GET",
+            Self::Hold { .. } => "GET, DELETE",
+            _ => "POST",
+        }
+    }
+
+    /// The show id in the path, if any.
+    fn show(&self) -> Option<&'p str> {
+        match *self {
+            Self::ShowHolds { show }
+            | Self::SeatHold { show, .. }
+            | Self::Hold { show, .. }
+            | Self::Extend { show, .. }
+            | Self::Confirm { show, .. }
+            | Self::Seat { show, .. }
+            | Self::Seats { show } => Some(show),
+            _ => None,
+        }
+    }
+}
+
+/// Counts a request in flight while alive.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+        metrics::gauge!(m::HTTP_IN_FLIGHT).decrement(1.0);
+    }
+}
+
+impl App {
+    /// Admits one more API request, or refuses it at the in-flight limit:
+    /// past it, queueing would only turn overload into timeouts.
+    fn admit(&self) -> Result<InFlight<'_>, Error> {
+        if self.in_flight.fetch_add(1, Ordering::Relaxed) >= self.max_in_flight {
+            self.in_flight.fetch_sub(1, Ordering::Relaxed);
+            metrics::counter!(m::HTTP_OVERLOADED).increment(1);
+            return Err(Error::Overloaded);
+        }
+        metrics::gauge!(m::HTTP_IN_FLIGHT).increment(1.0);
+        Ok(InFlight(&self.in_flight))
+    }
+
+    /// With `--api-token`, write routes need `Authorization: Bearer <token>`,
+    /// compared in constant time.
+    fn authorize(&self, method: &Method, headers: &hyper::HeaderMap) -> Result<(), Error> {
+        let Some(expected) = &self.api_token else {
+            return Ok(());
+        };
+        if !matches!(*method, Method::POST | Method::DELETE) {
+            return Ok(());
+        }
+        let given = headers
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        if bool::from(subtle::ConstantTimeEq::ct_eq(
+            given.as_bytes(),
+            expected.as_bytes(),
+        )) {
+            Ok(())
+        } else {
+            Err(Error::Unauthorized)
+        }
+    }
+}
+
+async fn serve<B>(app: &App, route: &Route<'_>, req: Request<B>) -> Result<Resp, Error>
 where
     B: Body<Data = Bytes>,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
-    let path = req.uri().path().to_owned();
-    let segs: Vec<&str> = path.strip_prefix('/').unwrap_or(&path).split('/').collect();
     let method = req.method().clone();
-    let svc = &app.service;
-    macro_rules! only {
-        ($route:expr, $allow:expr, $($m:pat => $body:expr),+ $(,)?) => {
-            ($route, match method {
-                $($m => $body,)+
-                _ => Err(Error::MethodNotAllowed($allow)),
-            })
-        };
+    // Probes and metrics are never refused: a load balancer must see an
+    // overloaded instance as alive.
+    match (route, &method) {
+        (Route::Healthz, &Method::GET | &Method::HEAD) => {
+            return Ok(json(StatusCode::OK, &serde_json::json!({"status": "ok"})))
+        }
+        (Route::Readyz, &Method::GET | &Method::HEAD) => return Ok(readyz(app)),
+        (Route::Metrics, &Method::GET) => return Ok(metrics_text(app)),
+        (Route::Healthz | Route::Readyz | Route::Metrics, _) => {
+            return Err(Error::MethodNotAllowed(route.allow()))
+        }
+        (Route::Unknown, _) => return Err(Error::NotFound),
+        _ => {}
     }
-    match segs.as_slice() {
-        ["healthz"] => {
-            only!("/healthz", "GET", Method::GET | Method::HEAD => Ok(json(StatusCode::OK, &serde_json::json!({"status":"ok"}))))
-        }
-        ["readyz"] => only!("/readyz", "GET", Method::GET | Method::HEAD => Ok(readyz(app))),
-        ["metrics"] => only!("/metrics", "GET", Method::GET => Ok(metrics_text(app))),
-        ["v1", "holds"] => only!("/v1/holds", "POST", Method::POST => async {
+    let allowed = match route {
+        Route::Hold { .. } => matches!(method, Method::GET | Method::DELETE),
+        Route::Seat { .. } | Route::Seats { .. } => method == Method::GET,
+        _ => method == Method::POST,
+    };
+    if !allowed {
+        return Err(Error::MethodNotAllowed(route.allow()));
+    }
+    app.authorize(&method, req.headers())?;
+    let _in_flight = app.admit()?;
+    if let Some(show) = route.show() {
+        valid_show(show)?;
+    }
+    let svc = &app.service;
+    match *route {
+        Route::MultiHold => {
             let body: MultiHoldBody = json_body(app, req, true).await?;
-            let home = body.seats.first().map(|s| s.show.clone()).unwrap_or_default();
-            if body.seats.is_empty() {
-                return Err(Error::InvalidRequest("seats must name at least one seat".into()));
-            }
-            let hold = svc.hold(&home, Seats::Multi(body.seats), ttl(body.ttl_ms)?).await?;
+            let Some(home) = body.seats.first().map(|s| s.show.clone()) else {
+                return Err(Error::InvalidRequest(
+                    "seats must name at least one seat".into(),
+                ));
+            };
+            let hold = svc
+                .hold(&home, Seats::Multi(body.seats), ttl(body.ttl_ms)?)
+                .await?;
             Ok(json(StatusCode::CREATED, &hold))
-        }.await),
-        ["v1", "shows", show, "holds"] => {
-            only!("/v1/shows/{show}/holds", "POST", Method::POST => async {
-            valid_show(show)?;
+        }
+        Route::ShowHolds { show } => {
             let body: ShowHoldBody = json_body(app, req, true).await?;
-            let hold = svc.hold(show, Seats::Show(body.seats), ttl(body.ttl_ms)?).await?;
+            let hold = svc
+                .hold(show, Seats::Show(body.seats), ttl(body.ttl_ms)?)
+                .await?;
             Ok(json(StatusCode::CREATED, &hold))
-        }.await)
         }
-        ["v1", "shows", show, "seats", seat, "hold"] => {
-            only!("/v1/shows/{show}/seats/{seat}/hold", "POST", Method::POST => async {
-            valid_show(show)?;
+        Route::SeatHold { show, seat } => {
             let body: TtlBody = json_body(app, req, false).await?;
-            let hold = svc.hold(show, Seats::Show(vec![(*seat).to_owned()]), ttl(body.ttl_ms)?).await?;
+            let hold = svc
+                .hold(show, Seats::Show(vec![seat.to_owned()]), ttl(body.ttl_ms)?)
+                .await?;
             Ok(json(StatusCode::CREATED, &hold))
-        }.await)
         }
-        ["v1", "shows", show, "holds", token] => {
-            only!("/v1/shows/{show}/holds/{token}", "GET, DELETE",
-                Method::GET => async {
-                    valid_show(show)?;
-                    Ok(json(StatusCode::OK, &svc.get(show, token).await?))
-                }.await,
-                Method::DELETE => async {
-                    valid_show(show)?;
-                    svc.release(show, token).await?;
-                    Ok(empty(StatusCode::NO_CONTENT))
-                }.await,
-            )
+        Route::Hold { show, token } if method == Method::GET => {
+            Ok(json(StatusCode::OK, &svc.get(show, token).await?))
         }
-        ["v1", "shows", show, "holds", token, "extend"] => {
-            only!("/v1/shows/{show}/holds/{token}/extend", "POST", Method::POST => async {
-            valid_show(show)?;
+        Route::Hold { show, token } => {
+            svc.release(show, token).await?;
+            Ok(empty(StatusCode::NO_CONTENT))
+        }
+        Route::Extend { show, token } => {
             let body: TtlBody = json_body(app, req, false).await?;
-            Ok(json(StatusCode::OK, &svc.extend(show, token, ttl(body.ttl_ms)?).await?))
-        }.await)
+            Ok(json(
+                StatusCode::OK,
+                &svc.extend(show, token, ttl(body.ttl_ms)?).await?,
+            ))
         }
-        ["v1", "shows", show, "holds", token, "confirm"] => {
-            only!("/v1/shows/{show}/holds/{token}/confirm", "POST", Method::POST => async {
-            valid_show(show)?;
+        Route::Confirm { show, token } => {
             let _: TtlBody = json_body(app, req, false).await?;
             Ok(json(StatusCode::OK, &svc.confirm(show, token).await?))
-        }.await)
         }
-        ["v1", "shows", show, "seats", seat] => {
-            only!("/v1/shows/{show}/seats/{seat}", "GET", Method::GET => async {
-            valid_show(show)?;
+        Route::Seat { show, seat } => {
             if !crate::keys::valid_id(seat) {
                 return Err(Error::InvalidSeat);
             }
             let mut states = svc.seat_states(show, &[seat]).await?;
-            let mut state = states.pop().ok_or_else(|| Error::Internal("no seat state".into()))?;
-            state.show = Some((*show).to_owned());
-            state.seat = Some((*seat).to_owned());
+            let mut state = states
+                .pop()
+                .ok_or_else(|| Error::Internal("no seat state".into()))?;
+            state.show = Some(show.to_owned());
+            state.seat = Some(seat.to_owned());
             Ok(json(StatusCode::OK, &state))
-        }.await)
         }
-        ["v1", "shows", show, "seats"] => {
-            only!("/v1/shows/{show}/seats", "GET", Method::GET => async {
-            valid_show(show)?;
+        Route::Seats { show } => {
             let query = req.uri().query().unwrap_or_default();
             let ids = form_urlencoded::parse(query.as_bytes())
                 .find(|(k, _)| k == "ids")
@@ -199,13 +361,18 @@ where
                 .zip(states)
                 .map(|(seat, mut state)| {
                     state.seat = Some((*seat).to_owned());
-                    ((*seat).to_owned(), serde_json::to_value(state).unwrap_or_default())
+                    (
+                        (*seat).to_owned(),
+                        serde_json::to_value(state).unwrap_or_default(),
+                    )
                 })
                 .collect();
-            Ok(json(StatusCode::OK, &serde_json::json!({"show": show, "seats": map})))
-        }.await)
+            Ok(json(
+                StatusCode::OK,
+                &serde_json::json!({"show": show, "seats": map}),
+            ))
         }
-        _ => ("unmatched", Err(Error::NotFound)),
+        Route::Healthz | Route::Readyz | Route::Metrics | Route::Unknown => Err(Error::NotFound),
     }
 }
 
@@ -245,16 +412,22 @@ where
                 .trim()
                 .eq_ignore_ascii_case("application/json")
         });
-    let bytes = match Limited::new(req.into_body(), max).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(err) if err.is::<http_body_util::LengthLimitError>() => {
+    // A body that trickles in would hold an in-flight slot forever.
+    let collect = tokio::time::timeout(
+        app.body_timeout,
+        Limited::new(req.into_body(), max).collect(),
+    );
+    let bytes = match collect.await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(err)) if err.is::<http_body_util::LengthLimitError>() => {
             return Err(Error::PayloadTooLarge(max))
         }
-        Err(err) => {
+        Ok(Err(err)) => {
             return Err(Error::InvalidRequest(format!(
                 "could not read the body: {err}"
             )))
         }
+        Err(_) => return Err(Error::RequestTimeout),
     };
     if bytes.is_empty() {
         if required {
@@ -322,9 +495,21 @@ pub fn error_response(err: Error) -> Resp {
         tracing::error!(%detail, "internal error");
     }
     let mut resp = json(err.status(), &err.body());
-    if let Error::MethodNotAllowed(allow) = err {
-        resp.headers_mut()
-            .insert(ALLOW, HeaderValue::from_static(allow));
+    let headers = resp.headers_mut();
+    match err {
+        Error::MethodNotAllowed(allow) => {
+            headers.insert(ALLOW, HeaderValue::from_static(allow));
+        }
+        Error::Unauthorized => {
+            headers.insert(
+                hyper::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer"),
+            );
+        }
+        Error::Overloaded | Error::RedisUnavailable(..) => {
+            headers.insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        _ => {}
     }
     resp
 }
@@ -339,6 +524,7 @@ fn status_label(status: StatusCode) -> &'static str {
         404 => "404",
         405 => "405",
         408 => "408",
+        429 => "429",
         409 => "409",
         413 => "413",
         415 => "415",

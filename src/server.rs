@@ -9,7 +9,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,9 +43,6 @@ pub enum StartError {
     Dev(#[from] crate::dev::DevError),
 }
 
-/// How long a client may take to send its request head.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Builds the application state for `opts`; connects to Redis in the
 /// background.
 pub fn app(opts: &Options) -> Result<Arc<App>, StartError> {
@@ -59,12 +56,7 @@ pub fn app(opts: &Options) -> Result<Arc<App>, StartError> {
         KeySpace::new(opts.key_prefix.clone()),
         opts.limits(),
     );
-    Ok(Arc::new(App {
-        service,
-        metrics,
-        shutting_down: Default::default(),
-        max_body_bytes: opts.max_body_bytes,
-    }))
+    Ok(Arc::new(App::new(service, metrics, opts)))
 }
 
 /// Binds `opts.listen`.
@@ -97,8 +89,15 @@ pub async fn run(
     }
 
     let graceful = GracefulShutdown::new();
-    tokio::pin!(shutdown);
-    accept_until(&listener, &app, &graceful, &mut shutdown).await;
+    let accept = Accept {
+        listener: &listener,
+        app: &app,
+        graceful: &graceful,
+        open: Arc::new(AtomicUsize::new(0)),
+        max_connections: opts.max_connections,
+        header_read_timeout: Duration::from_millis(opts.header_read_timeout_ms),
+    };
+    accept.until(shutdown).await;
 
     app.shutting_down.store(true, Ordering::Relaxed);
     metrics::gauge!(crate::metrics::CLUSTER_READY).set(0.0);
@@ -107,7 +106,8 @@ pub async fn run(
         drain_ms = opts.shutdown_drain_ms,
         "shutdown requested: /readyz answers 503; draining"
     );
-    accept_until(&listener, &app, &graceful, tokio::time::sleep(drain)).await;
+    accept.until(tokio::time::sleep(drain)).await;
+    drop(accept);
     drop(listener);
 
     // Requests in flight end within the Redis timeout; the margin covers
@@ -126,46 +126,78 @@ pub async fn run(
     Ok(())
 }
 
-async fn accept_until(
-    listener: &TcpListener,
-    app: &Arc<App>,
-    graceful: &GracefulShutdown,
-    until: impl Future<Output = ()>,
-) {
-    tokio::pin!(until);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let _ = stream.set_nodelay(true);
-                    let app = Arc::clone(app);
-                    let service = service_fn(move |req| {
-                        let app = Arc::clone(&app);
-                        async move { Ok::<_, Infallible>(http::handle(app, req).await) }
-                    });
-                    let conn = http1::Builder::new()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(HEADER_READ_TIMEOUT)
-                        .serve_connection(TokioIo::new(stream), service);
-                    let conn = graceful.watch(conn);
-                    let open = metrics::gauge!(crate::metrics::HTTP_CONNECTIONS);
-                    open.increment(1.0);
-                    tokio::spawn(async move {
-                        if let Err(err) = conn.await {
-                            tracing::debug!(error = %err, "connection ended with an error");
-                        }
-                        open.decrement(1.0);
-                    });
-                }
-                Err(err) => {
-                    // Out of file descriptors and the like: back off briefly
-                    // instead of spinning.
-                    tracing::warn!(error = %err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            _ = &mut until => return,
+/// Limits of the accept loop.
+struct Accept<'a> {
+    listener: &'a TcpListener,
+    app: &'a Arc<App>,
+    graceful: &'a GracefulShutdown,
+    open: Arc<AtomicUsize>,
+    max_connections: usize,
+    header_read_timeout: Duration,
+}
+
+impl Accept<'_> {
+    /// Accepts and serves connections until `until` completes.
+    async fn until(&self, until: impl Future<Output = ()>) {
+        tokio::pin!(until);
+        loop {
+            tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok((stream, _)) => self.serve(stream),
+                    Err(err) => {
+                        // Out of file descriptors and the like: back off
+                        // briefly instead of spinning.
+                        tracing::warn!(error = %err, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                _ = &mut until => return,
+            }
         }
+    }
+
+    fn serve(&self, stream: tokio::net::TcpStream) {
+        let _ = stream.set_nodelay(true);
+        let over = self.open.fetch_add(1, Ordering::Relaxed) >= self.max_connections;
+        let open = Arc::clone(&self.open);
+        let gauge = metrics::gauge!(crate::metrics::HTTP_CONNECTIONS);
+        gauge.increment(1.0);
+        let mut builder = http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.header_read_timeout);
+        let done = move || {
+            open.fetch_sub(1, Ordering::Relaxed);
+            gauge.decrement(1.0);
+        };
+        if over {
+            // Past the connection limit: one clean 503, then close.
+            metrics::counter!(crate::metrics::HTTP_OVERLOADED).increment(1);
+            builder.keep_alive(false);
+            let service = service_fn(|_req| async {
+                Ok::<_, Infallible>(http::error_response(crate::error::Error::Overloaded))
+            });
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::spawn(async move {
+                let _ = conn.await;
+                done();
+            });
+            return;
+        }
+        let app = Arc::clone(self.app);
+        let service = service_fn(move |req| {
+            let app = Arc::clone(&app);
+            async move { Ok::<_, Infallible>(http::handle(app, req).await) }
+        });
+        let conn = self
+            .graceful
+            .watch(builder.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(err) = conn.await {
+                tracing::debug!(error = %err, "connection ended with an error");
+            }
+            done();
+        });
     }
 }
 

@@ -49,12 +49,16 @@ async fn start(extra: &[&str]) -> Daemon {
         base: format!("http://127.0.0.1:{port}"),
     };
     let http = reqwest::Client::new();
-    common::eventually(Duration::from_secs(30), "the daemon to be ready", || async {
-        http.get(format!("{}/readyz", daemon.base))
-            .send()
-            .await
-            .is_ok_and(|r| r.status() == 200)
-    })
+    common::eventually(
+        Duration::from_secs(30),
+        "the daemon to be ready",
+        || async {
+            http.get(format!("{}/readyz", daemon.base))
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200)
+        },
+    )
     .await;
     daemon
 }
@@ -95,7 +99,10 @@ async fn sigterm_under_load_drains_and_exits_zero() {
             let mut i = 0;
             while !stop.load(Ordering::Relaxed) {
                 i += 1;
-                let r = http.post(format!("{base}/v1/shows/{sh}/seats/W{w}-{i}/hold")).send().await;
+                let r = http
+                    .post(format!("{base}/v1/shows/{sh}/seats/W{w}-{i}/hold"))
+                    .send()
+                    .await;
                 statuses.push(r.map(|r| r.status().as_u16()).map_err(|e| e.to_string()));
             }
             statuses
@@ -105,12 +112,16 @@ async fn sigterm_under_load_drains_and_exits_zero() {
     let http = reqwest::Client::new();
     let sent = Instant::now();
     signal(d.child.id(), "TERM");
-    common::eventually(Duration::from_millis(500), "/readyz to turn 503", || async {
-        http.get(format!("{}/readyz", d.base))
-            .send()
-            .await
-            .is_ok_and(|r| r.status() == 503)
-    })
+    common::eventually(
+        Duration::from_millis(500),
+        "/readyz to turn 503",
+        || async {
+            http.get(format!("{}/readyz", d.base))
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 503)
+        },
+    )
     .await;
     let not_ready_after = sent.elapsed();
     // The load balancer takes a while to notice; meanwhile requests,
@@ -121,7 +132,11 @@ async fn sigterm_under_load_drains_and_exits_zero() {
         .send()
         .await
         .map(|r| r.status().as_u16());
-    assert_eq!(fresh.ok(), Some(200), "a new connection during the drain is served");
+    assert_eq!(
+        fresh.ok(),
+        Some(200),
+        "a new connection during the drain is served"
+    );
     stop.store(true, Ordering::Relaxed);
     let mut total = 0;
     for w in workers {
@@ -134,9 +149,15 @@ async fn sigterm_under_load_drains_and_exits_zero() {
         }
     }
     let code = wait_exit(&mut d.child, Duration::from_secs(8)).await;
-    eprintln!("{total} requests; /readyz 503 after {not_ready_after:?}; exit {code:?} after {:?}", sent.elapsed());
+    eprintln!(
+        "{total} requests; /readyz 503 after {not_ready_after:?}; exit {code:?} after {:?}",
+        sent.elapsed()
+    );
     assert_eq!(code, Some(0));
-    assert!(not_ready_after < Duration::from_millis(300), "{not_ready_after:?}");
+    assert!(
+        not_ready_after < Duration::from_millis(300),
+        "{not_ready_after:?}"
+    );
     assert!(
         sent.elapsed() >= Duration::from_millis(1500),
         "served for the whole drain"
@@ -163,9 +184,16 @@ async fn a_request_stuck_on_redis_cannot_hold_up_exit() {
     let code = wait_exit(&mut d.child, Duration::from_secs(6)).await;
     let took = sent.elapsed();
     cluster().resume(master).expect("SIGCONT the master");
-    assert_eq!(stuck.await.expect("task"), Ok(503), "the stuck request ends with 503");
+    assert_eq!(
+        stuck.await.expect("task"),
+        Ok(503),
+        "the stuck request ends with 503"
+    );
     assert_eq!(code, Some(0));
-    assert!(took < Duration::from_millis(1500 + 1500), "exit took {took:?}");
+    assert!(
+        took < Duration::from_millis(1500 + 1500),
+        "exit took {took:?}"
+    );
     cluster()
         .wait_until_ok(Duration::from_secs(30))
         .await

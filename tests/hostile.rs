@@ -1,0 +1,262 @@
+//! Hostile HTTP: slow clients, floods of connections and requests, garbage on
+//! the wire, and the optional API token. The server must answer cleanly and
+//! keep serving.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{options, server_with, show};
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Reads until the peer closes or `limit` passes; answers what was read and
+/// whether the peer closed.
+async fn read_until_close(stream: &mut TcpStream, limit: Duration) -> (String, bool) {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&out).into_owned(), true),
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+            Err(_) => return (String::from_utf8_lossy(&out).into_owned(), false),
+        }
+    }
+}
+
+#[tokio::test]
+async fn slow_clients_are_cut_off() {
+    let mut opts = options();
+    opts.header_read_timeout_ms = 500;
+    let s = server_with(opts).await;
+
+    // Slowloris: a head that never ends.
+    let mut slow = TcpStream::connect(s.addr).await.expect("connect");
+    slow.write_all(b"POST /v1/shows/42/holds HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("write");
+    let started = Instant::now();
+    let (_, closed) = read_until_close(&mut slow, Duration::from_secs(5)).await;
+    assert!(closed, "a connection with an unfinished head stays open");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "closed only after {:?}",
+        started.elapsed()
+    );
+
+    // A body that trickles in: 408, and the request slot is freed.
+    let mut trickle = TcpStream::connect(s.addr).await.expect("connect");
+    trickle
+        .write_all(b"POST /v1/shows/42/holds HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"seats\":")
+        .await
+        .expect("write");
+    let (answer, _) = read_until_close(&mut trickle, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+
+    assert_eq!(s.get("/healthz").await.0, 200);
+}
+
+#[tokio::test]
+async fn past_the_in_flight_limit_requests_get_a_clean_503() {
+    let mut opts = options();
+    opts.max_in_flight = 2;
+    opts.header_read_timeout_ms = 3_000;
+    let s = server_with(opts).await;
+    // Two requests whose bodies are still coming hold both slots.
+    let mut holders = Vec::new();
+    for _ in 0..2 {
+        let mut c = TcpStream::connect(s.addr).await.expect("connect");
+        c.write_all(b"POST /v1/shows/42/holds HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n{")
+            .await
+            .expect("write");
+        holders.push(c);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = s
+        .http
+        .post(format!(
+            "{}/v1/shows/{}/seats/A1/hold",
+            s.base,
+            show("busy")
+        ))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(
+        r.headers().get("retry-after").and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let body: serde_json::Value = r.json().await.expect("json");
+    assert_eq!(body["error"], "overloaded");
+    // Probes are never refused.
+    assert_eq!(s.get("/healthz").await.0, 200);
+    assert_eq!(s.get("/readyz").await.0, 200);
+    assert!(s
+        .metrics()
+        .await
+        .lines()
+        .any(|l| l.starts_with("seathold_http_overloaded_total") && !l.ends_with(" 0")));
+    drop(holders);
+    // Slots come back once those requests end.
+    common::eventually(Duration::from_secs(5), "a free request slot", || async {
+        s.call(
+            "POST",
+            &format!("/v1/shows/{}/seats/A1/hold", show("free")),
+            None,
+        )
+        .await
+        .0 == 201
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn past_the_connection_limit_a_new_connection_gets_503_and_is_closed() {
+    let mut opts = options();
+    opts.max_connections = 3;
+    let s = server_with(opts).await;
+    // server_with's readiness probe may still hold a pooled connection.
+    drop(s.http.clone());
+    let mut held = Vec::new();
+    for _ in 0..6 {
+        let mut c = TcpStream::connect(s.addr).await.expect("connect");
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("write");
+        held.push(c);
+    }
+    let mut refused = 0;
+    for c in &mut held {
+        let mut buf = [0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(2), c.read(&mut buf))
+            .await
+            .expect("answer")
+            .expect("read");
+        let head = String::from_utf8_lossy(&buf[..n]);
+        if head.starts_with("HTTP/1.1 503") {
+            assert!(head.contains("overloaded"), "{head}");
+            refused += 1;
+        } else {
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        }
+    }
+    assert!(
+        refused >= 3,
+        "at least 3 of 6 connections over a limit of 3 are refused, got {refused}"
+    );
+    drop(held);
+    common::eventually(
+        Duration::from_secs(5),
+        "connections to be accepted again",
+        || async {
+            s.http
+                .get(format!("{}/healthz", s.base))
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200)
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn garbage_on_the_wire_never_crashes_the_server() {
+    let s = server_with(options()).await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let heads: [&[u8]; 8] = [
+        b"GARBAGE\r\n\r\n",
+        b"GET / HTTP/9.9\r\n\r\n",
+        b"POST /v1/holds HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+        b"POST /v1/holds HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\nzzzzz",
+        b"POST /v1/holds HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\nZZ\r\n",
+        b"GET /v1/shows/%ff%fe/seats/%00 HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"\x00\x01\x02\x03\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX: \xff\xfe\r\n\r\n",
+    ];
+    for i in 0..300 {
+        let mut c = TcpStream::connect(s.addr).await.expect("connect");
+        let bytes: Vec<u8> = if i < heads.len() {
+            heads[i].to_vec()
+        } else {
+            let len = rng.random_range(1..300);
+            (0..len).map(|_| rng.random::<u8>()).collect()
+        };
+        let _ = c.write_all(&bytes).await;
+        let _ = c.shutdown().await;
+        let (answer, _) = read_until_close(&mut c, Duration::from_secs(2)).await;
+        assert!(
+            answer.is_empty()
+                || answer.starts_with("HTTP/1.1 4")
+                || answer.starts_with("HTTP/1.1 2"),
+            "{answer}"
+        );
+        assert!(!answer.starts_with("HTTP/1.1 5"), "{answer}");
+    }
+    assert_eq!(s.get("/healthz").await.0, 200);
+    let sh = show("after-garbage");
+    s.hold(&sh, &["A1"]).await;
+}
+
+#[tokio::test]
+async fn api_token_guards_the_write_routes_only() {
+    let mut opts = options();
+    opts.api_token = Some("s3cret-token-for-tests".into());
+    let s = server_with(opts).await;
+    let sh = show("auth");
+    let url = format!("{}/v1/shows/{sh}/holds", s.base);
+    for auth in [
+        None,
+        Some("Bearer wrong-token-of-some-length"),
+        Some("s3cret-token-for-tests"),
+        Some("Bearer "),
+    ] {
+        let mut req = s.http.post(&url).json(&json!({"seats": ["A1"]}));
+        if let Some(auth) = auth {
+            req = req.header("authorization", auth);
+        }
+        let r = req.send().await.expect("send");
+        assert_eq!(r.status().as_u16(), 401, "{auth:?}");
+        assert_eq!(
+            r.headers()
+                .get("www-authenticate")
+                .and_then(|v| v.to_str().ok()),
+            Some("Bearer")
+        );
+        assert_eq!(
+            r.json::<serde_json::Value>().await.expect("json")["error"],
+            "unauthorized"
+        );
+    }
+    let r = s
+        .http
+        .post(&url)
+        .header("authorization", "Bearer s3cret-token-for-tests")
+        .json(&json!({"seats": ["A1"]}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 201);
+    let token = r.json::<serde_json::Value>().await.expect("json")["holdToken"]
+        .as_str()
+        .expect("t")
+        .to_owned();
+    // Reads, health and metrics stay open.
+    assert_eq!(s.get(&format!("/v1/shows/{sh}/seats/A1")).await.0, 200);
+    assert_eq!(s.get(&format!("/v1/shows/{sh}/holds/{token}")).await.0, 200);
+    assert_eq!(s.get("/healthz").await.0, 200);
+    assert_eq!(s.get("/readyz").await.0, 200);
+    assert_eq!(s.get("/metrics").await.0, 200);
+    // DELETE is a write route.
+    assert_eq!(
+        s.call("DELETE", &format!("/v1/shows/{sh}/holds/{token}"), None)
+            .await
+            .0,
+        401
+    );
+}

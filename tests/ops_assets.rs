@@ -1,0 +1,208 @@
+//! The operations assets in `cluster/` against a real seathold: every metric
+//! that `cluster/alerts.yml` and `cluster/grafana-dashboard.json` query must
+//! be exported on `/metrics`, so that a renamed or dropped metric breaks this
+//! test instead of silently emptying a dashboard panel or disarming an alert.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::{server, show};
+
+const ALERTS: &str = "cluster/alerts.yml";
+const DASHBOARD: &str = "cluster/grafana-dashboard.json";
+
+/// Metrics the API contract fixes and that both assets must use.
+const CONTRACT: &[&str] = &[
+    "seathold_cluster_ready",
+    "seathold_hold_conflicts_total",
+    "seathold_hold_expiries_total",
+    "seathold_http_request_duration_seconds",
+];
+
+/// Series suffixes of a histogram (or summary) in the text exposition.
+const SERIES_SUFFIXES: &[&str] = &["_bucket", "_sum", "_count"];
+
+fn read_asset(rel: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+/// Every `seathold_[a-z0-9_]+` identifier in `text`, with a histogram's
+/// `_bucket` / `_sum` / `_count` suffix taken off (the name that `# TYPE`
+/// declares).
+fn metric_names(text: &str) -> BTreeSet<String> {
+    const PREFIX: &str = "seathold_";
+    let bytes = text.as_bytes();
+    let is_ident = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_';
+    let mut names = BTreeSet::new();
+    let mut from = 0;
+    while let Some(found) = text[from..].find(PREFIX) {
+        let start = from + found;
+        let mut end = start + PREFIX.len();
+        while end < bytes.len() && is_ident(bytes[end]) {
+            end += 1;
+        }
+        from = end;
+        // Part of a longer identifier (`my_seathold_x`, `Xseathold_`): not ours.
+        if start > 0 && (is_ident(bytes[start - 1]) || bytes[start - 1].is_ascii_uppercase()) {
+            continue;
+        }
+        let name = text[start..end].trim_end_matches('_');
+        if name.len() < PREFIX.len() {
+            continue;
+        }
+        let base = SERIES_SUFFIXES
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(name);
+        names.insert(base.to_owned());
+    }
+    names
+}
+
+/// Metric names of a Prometheus text exposition: those declared by
+/// `# TYPE name kind` and those of sample lines (`name{…} v` or `name v`).
+fn exported_names(exposition: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for line in exposition.lines() {
+        let line = line.trim();
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            if let Some(name) = rest.split_whitespace().next() {
+                names.insert(name.to_owned());
+            }
+        } else if !line.is_empty() && !line.starts_with('#') {
+            let end = line.find(['{', ' ']).unwrap_or(line.len());
+            names.insert(line[..end].to_owned());
+        }
+    }
+    names
+}
+
+/// Whether `name` (a base name) is on `/metrics`: as itself (a counter or
+/// gauge sample, or a `# TYPE` line), or as a histogram's series.
+fn is_exported(exported: &BTreeSet<String>, name: &str) -> bool {
+    exported.contains(name)
+        || SERIES_SUFFIXES
+            .iter()
+            .any(|s| exported.contains(&format!("{name}{s}")))
+}
+
+fn missing(exported: &BTreeSet<String>, wanted: &BTreeSet<String>) -> Vec<String> {
+    wanted
+        .iter()
+        .filter(|n| !is_exported(exported, n))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn scan_finds_metric_names_and_strips_histogram_suffixes() {
+    let text = r#"
+        expr: sum(rate(seathold_http_request_duration_seconds_bucket{route="x"}[5m]))
+        "expr": "seathold_cluster_ready{job=~\"$job\"} == 0",
+        seathold_holds_total / seathold_redis_command_duration_seconds_count
+        SeatholdNotReady, job="seathold", my_seathold_thing, "seathold_" prefix
+    "#;
+    let names: Vec<String> = metric_names(text).into_iter().collect();
+    assert_eq!(
+        names,
+        [
+            "seathold_cluster_ready",
+            "seathold_holds_total",
+            "seathold_http_request_duration_seconds",
+            "seathold_redis_command_duration_seconds",
+        ]
+    );
+    let exported = exported_names(
+        "# HELP seathold_x_seconds x\n# TYPE seathold_x_seconds histogram\n\
+         seathold_x_seconds_bucket{le=\"0.5\"} 1\nseathold_y_total 3\nseathold_z{kind=\"a\"} 0\n",
+    );
+    assert!(is_exported(&exported, "seathold_x_seconds"));
+    assert!(is_exported(&exported, "seathold_y_total"));
+    assert!(is_exported(&exported, "seathold_z"));
+    assert!(!is_exported(&exported, "seathold_y"));
+}
+
+#[test]
+fn assets_name_the_contract_metrics() {
+    for asset in [ALERTS, DASHBOARD] {
+        let names = metric_names(&read_asset(asset));
+        for name in CONTRACT {
+            assert!(
+                names.contains(*name),
+                "{asset} does not use the contract metric {name}; it uses {names:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn dashboard_is_importable_json() {
+    let dash: serde_json::Value =
+        serde_json::from_str(&read_asset(DASHBOARD)).expect("the dashboard is valid JSON");
+    assert!(
+        dash["__inputs"]
+            .as_array()
+            .is_some_and(|i| i.iter().any(|i| i["name"] == "DS_PROMETHEUS")),
+        "the dashboard declares the DS_PROMETHEUS datasource input"
+    );
+    let panels = dash["panels"].as_array().expect("panels");
+    let mut queries = 0;
+    for panel in panels {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            queries += 1;
+            assert_eq!(
+                target["datasource"]["uid"], "${DS_PROMETHEUS}",
+                "panel {:?} queries another datasource",
+                panel["title"]
+            );
+            assert!(
+                target["expr"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("seathold_")),
+                "panel {:?} has a query without a seathold metric: {target}",
+                panel["title"]
+            );
+        }
+    }
+    assert!(queries >= 15, "only {queries} queries in the dashboard");
+}
+
+#[tokio::test]
+async fn every_metric_in_alerts_and_dashboard_is_exported() {
+    let mut wanted = BTreeSet::new();
+    for asset in [ALERTS, DASHBOARD] {
+        let names = metric_names(&read_asset(asset));
+        assert!(!names.is_empty(), "no seathold metric found in {asset}");
+        wanted.extend(names);
+    }
+
+    wanted.insert("seathold_bogus_metric".into());
+    eprintln!("WANTED {wanted:?}");
+    let s = server().await;
+    // A hold gives the HTTP and Redis latency histograms their first samples
+    // (histograms appear on /metrics only once something was recorded).
+    s.hold(&show("ops"), &["E7"]).await;
+
+    // Some gauges (expiry subscriptions, keyspace events) are set by
+    // background tasks shortly after the server is ready: give them time,
+    // then report everything still missing at once.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (absent, exposition) = loop {
+        let exposition = s.metrics().await;
+        let absent = missing(&exported_names(&exposition), &wanted);
+        if absent.is_empty() || Instant::now() >= deadline {
+            break (absent, exposition);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        absent.is_empty(),
+        "{ALERTS} / {DASHBOARD} query metrics that seathold does not export: {absent:?}\n\
+         --- /metrics ---\n{exposition}"
+    );
+    s.stop().await;
+}
