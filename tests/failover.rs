@@ -60,6 +60,17 @@ async fn master_killed_under_load_fails_over_and_counts_expiries_on_the_new_mast
     tokio::time::sleep(Duration::from_millis(500)).await;
     let killed_at = Instant::now();
     cluster().kill(master).expect("kill the master");
+    // When Redis itself has promoted the replica, for comparison.
+    let promoted = tokio::spawn(async move {
+        loop {
+            if let Ok(port) = cluster().master_port_for_slot(slot).await {
+                if port != master {
+                    return killed_at.elapsed();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
     // Wait for the first success after the kill.
     let mut recovered_at = None;
     while killed_at.elapsed() < Duration::from_secs(20) {
@@ -108,8 +119,10 @@ async fn master_killed_under_load_fails_over_and_counts_expiries_on_the_new_mast
         }
     }
     let window = recovered_at - killed_at;
+    let promoted = promoted.await.expect("promotion");
     eprintln!(
-        "failover: {} requests {statuses:?}; holds on the slot failed for {:?} (kill to first success {window:?})",
+        "failover: {} requests {statuses:?}; holds on the slot failed for {:?}; kill to first success {window:?}; \
+         kill to the replica's promotion {promoted:?}",
         all.len(),
         failing_to.zip(failing_from).map(|(t, f)| t - f)
     );
@@ -143,6 +156,134 @@ async fn master_killed_under_load_fails_over_and_counts_expiries_on_the_new_mast
         Duration::from_secs(15),
         "the expiry on the new master to be counted",
         || async { counter(&s.metrics().await, "seathold_hold_expiries_total") >= before + 1.0 },
+    )
+    .await;
+
+    cluster()
+        .restart(master)
+        .await
+        .expect("restart the old master");
+    cluster()
+        .wait_until_ok(Duration::from_secs(30))
+        .await
+        .expect("cluster healthy again");
+}
+
+#[tokio::test]
+async fn confirmed_sales_survive_a_master_crash() {
+    let _serial = SERIAL.lock().await;
+    let s = server().await;
+    let sh = show("durable");
+    let slot = seathold::keys::KeySpace::new("seat-hold:").show_slot(&sh);
+    let master = cluster()
+        .master_port_for_slot(slot)
+        .await
+        .expect("master of the slot");
+
+    // 200 holds to confirm.
+    let mut tokens = Vec::new();
+    for i in 0..200 {
+        let hold = s.hold(&sh, &[&format!("S{i}")]).await;
+        tokens.push((
+            format!("S{i}"),
+            hold["holdToken"].as_str().expect("token").to_owned(),
+        ));
+    }
+    // Plain holds keep coming while the confirms run and the master dies:
+    // acknowledged but, with asynchronous replication, not guaranteed.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let plain = {
+        let (http, base, sh, stop) = (s.http.clone(), s.base.clone(), sh.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut acked = Vec::new();
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                let seat = format!("P{i}");
+                if let Ok(r) = http
+                    .post(format!("{base}/v1/shows/{sh}/seats/{seat}/hold"))
+                    .send()
+                    .await
+                {
+                    if r.status() == 201 {
+                        let body: Value = r.json().await.unwrap_or(Value::Null);
+                        acked.push((
+                            seat,
+                            body["holdToken"].as_str().unwrap_or_default().to_owned(),
+                        ));
+                    }
+                }
+            }
+            acked
+        })
+    };
+    // Confirm them, 8 at a time; every one must be acknowledged by a replica.
+    let mut confirms = Vec::new();
+    for chunk in tokens.chunks(25) {
+        let chunk = chunk.to_vec();
+        let (http, base, sh) = (s.http.clone(), s.base.clone(), sh.clone());
+        confirms.push(tokio::spawn(async move {
+            for (_, token) in &chunk {
+                let r = http
+                    .post(format!("{base}/v1/shows/{sh}/holds/{token}/confirm"))
+                    .send()
+                    .await
+                    .expect("confirm");
+                assert_eq!(r.status().as_u16(), 200);
+                let body: Value = r.json().await.expect("json");
+                assert!(body["replicas"].as_i64().is_some_and(|n| n >= 1), "{body}");
+            }
+        }));
+    }
+    for c in confirms {
+        c.await.expect("confirms");
+    }
+    // Right after the last acknowledgement, the master crashes.
+    cluster().kill(master).expect("kill -9 the master");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let acked = plain.await.expect("plain holds");
+    cluster()
+        .wait_until_ok(Duration::from_secs(30))
+        .await
+        .expect("failover");
+
+    let mut r = common::redis().await;
+    let mut lost_sales = Vec::new();
+    for (seat, token) in &tokens {
+        let v: Option<String> =
+            redis::AsyncCommands::get(&mut r, format!("seat-hold:{{show:{sh}}}:{seat}"))
+                .await
+                .expect("get");
+        if v.as_deref() != Some(&format!("sold:{token}")) {
+            lost_sales.push(seat.clone());
+        }
+    }
+    let mut lost_holds = 0;
+    for (seat, token) in &acked {
+        let v: Option<String> =
+            redis::AsyncCommands::get(&mut r, format!("seat-hold:{{show:{sh}}}:{seat}"))
+                .await
+                .expect("get");
+        if v.as_deref() != Some(token.as_str()) {
+            lost_holds += 1;
+        }
+    }
+    eprintln!(
+        "durability: {} confirmed sales, {} lost; {} acknowledged plain holds, {lost_holds} lost in the crash",
+        tokens.len(),
+        lost_sales.len(),
+        acked.len()
+    );
+    assert!(
+        lost_sales.is_empty(),
+        "confirmed sales lost: {lost_sales:?}"
+    );
+    // And seathold serves the sold seats as sold after the failover.
+    common::eventually(
+        Duration::from_secs(10),
+        "seathold to read from the new master",
+        || async { s.get(&format!("/v1/shows/{sh}/seats/S199")).await.1["state"] == "sold" },
     )
     .await;
 
