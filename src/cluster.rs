@@ -121,6 +121,8 @@ pub struct Cluster {
     scripts: Scripts,
     timeout: Duration,
     ready: AtomicBool,
+    /// The last readiness verdict, for logs and `/readyz`.
+    reason: Mutex<String>,
     /// Milliseconds since `started` of the last successful round trip.
     last_ok_ms: AtomicU64,
     started: Instant,
@@ -187,6 +189,7 @@ impl Cluster {
             scripts,
             timeout: opts.timeout,
             ready: AtomicBool::new(false),
+            reason: Mutex::new("not connected to Redis Cluster yet".into()),
             last_ok_ms: AtomicU64::new(0),
             started: Instant::now(),
             topology_changed,
@@ -298,7 +301,15 @@ impl Cluster {
                     }
                 }
                 Ok(Err(err)) => {
-                    self.set_ready(false, &format!("cannot connect to Redis Cluster: {err}"));
+                    let hint = if RedisFault::of(&err) == RedisFault::Auth {
+                        " (Redis rejected the credentials: check --redis-username and --redis-password)"
+                    } else {
+                        ""
+                    };
+                    self.set_ready(
+                        false,
+                        &format!("cannot connect to Redis Cluster: {err}{hint}"),
+                    );
                     return;
                 }
                 Err(_) => {
@@ -399,13 +410,23 @@ impl Cluster {
     fn set_ready(&self, ready: bool, why: &str) {
         let was = self.ready.swap(ready, Ordering::Relaxed);
         metrics::gauge!(crate::metrics::CLUSTER_READY).set(if ready { 1.0 } else { 0.0 });
-        if was != ready {
+        let Ok(mut reason) = self.reason.lock() else {
+            return;
+        };
+        // Log changes only: the probe runs twice a second.
+        if was != ready || *reason != why {
             if ready {
                 tracing::info!("{why}");
             } else {
                 tracing::warn!(reason = why, "not ready");
             }
+            why.clone_into(&mut reason);
         }
+    }
+
+    /// Why the cluster is not ready (or that it is), as last found.
+    pub fn readiness(&self) -> String {
+        self.reason.lock().map(|r| r.clone()).unwrap_or_default()
     }
 
     /// Takes an idle dedicated connection to the master at `addr`, or opens

@@ -96,6 +96,15 @@ impl RedisFault {
         if err.is_timeout() {
             return Self::Timeout;
         }
+        // The cluster client reports a failed initial connection as an I/O
+        // error whose text names the authentication failure.
+        let text = err.to_string();
+        if ["AuthenticationFailed", "WRONGPASS", "NOAUTH", "NOPERM"]
+            .iter()
+            .any(|c| text.contains(c))
+        {
+            return Self::Auth;
+        }
         match err.kind() {
             K::Io | K::ClusterConnectionNotFound => Self::Io,
             K::AuthenticationFailed => Self::Auth,

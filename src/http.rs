@@ -453,9 +453,9 @@ fn readyz(app: &App) -> Resp {
         json(StatusCode::OK, &serde_json::json!({"status": "ready"}))
     } else {
         let reason = if shutting_down {
-            "shutting down"
+            "shutting down".to_owned()
         } else {
-            "Redis Cluster is not usable"
+            app.service.cluster().readiness()
         };
         json(
             StatusCode::SERVICE_UNAVAILABLE,

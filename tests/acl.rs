@@ -1,0 +1,183 @@
+//! Least privilege: seathold works as the ACL user of `cluster/acl.conf`,
+//! which can touch only keys under `seat-hold:` and run only the commands
+//! seathold needs; a wrong password keeps it not ready, with a clear reason.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{cluster, options, server_with, show};
+use redis::AsyncCommands;
+
+const PASSWORD: &str = "acl-test-password-1";
+
+/// The rules of user `seathold` from `cluster/acl.conf`, switched on with a
+/// test password: the test runs the very ACL operators are told to use.
+fn seathold_rules() -> Vec<String> {
+    let acl = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/cluster/acl.conf"))
+        .expect("cluster/acl.conf");
+    let line = acl
+        .lines()
+        .find(|l| l.starts_with("user seathold "))
+        .expect("a `user seathold` line in cluster/acl.conf");
+    line.split_whitespace()
+        .skip(2)
+        .filter(|r| !r.starts_with('>') && !r.starts_with('#'))
+        .map(|r| {
+            if r == "off" {
+                "on".to_owned()
+            } else {
+                r.to_owned()
+            }
+        })
+        .chain([format!(">{PASSWORD}")])
+        .collect()
+}
+
+async fn install_user() {
+    let rules = seathold_rules();
+    for n in cluster().nodes() {
+        let mut c = common::node(n.port).await;
+        let () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("seathold")
+            .arg(&rules)
+            .query_async(&mut c)
+            .await
+            .expect("ACL SETUSER");
+    }
+}
+
+#[tokio::test]
+async fn works_as_the_least_privileged_acl_user() {
+    install_user().await;
+    let mut opts = options();
+    opts.redis_username = Some("seathold".into());
+    opts.redis_password = Some(PASSWORD.into());
+    let s = server_with(opts).await;
+    let sh = show("acl");
+    let hold = s.hold(&sh, &["A1", "A2"]).await;
+    let t = hold["holdToken"].as_str().expect("token");
+    assert_eq!(s.get(&format!("/v1/shows/{sh}/holds/{t}")).await.0, 200);
+    assert_eq!(
+        s.get(&format!("/v1/shows/{sh}/seats?ids=A1,A2,A3")).await.0,
+        200
+    );
+    assert_eq!(
+        s.post(
+            &format!("/v1/shows/{sh}/holds/{t}/extend"),
+            serde_json::json!({"ttlMs": 60000})
+        )
+        .await
+        .0,
+        200
+    );
+    let (status, body) = s
+        .call("POST", &format!("/v1/shows/{sh}/holds/{t}/confirm"), None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let t2 = s.hold(&sh, &["B1"]).await["holdToken"]
+        .as_str()
+        .expect("token")
+        .to_owned();
+    assert_eq!(
+        s.call("DELETE", &format!("/v1/shows/{sh}/holds/{t2}"), None)
+            .await
+            .0,
+        204
+    );
+    let (status, _) = s
+        .post(
+            &format!("/v1/shows/{sh}/seats/C1/hold"),
+            serde_json::json!({"ttlMs": 200}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    common::eventually(
+        Duration::from_secs(15),
+        "the expiry to be counted as the ACL user",
+        || async {
+            s.metrics()
+                .await
+                .lines()
+                .any(|l| l == "seathold_hold_expiries_total 1")
+        },
+    )
+    .await;
+
+    // The user can do nothing else.
+    let mut direct = redis::Client::open(format!(
+        "redis://seathold:{PASSWORD}@127.0.0.1:{}",
+        cluster().nodes()[0].port
+    ))
+    .expect("client")
+    .get_multiplexed_async_connection()
+    .await
+    .expect("connect as seathold");
+    let denied: Result<(), _> = direct.set("not-ours", "x").await;
+    assert!(
+        denied.is_err_and(|e| e.code() == Some("NOPERM")),
+        "a key outside the prefix"
+    );
+    let denied: Result<(), _> = redis::cmd("FLUSHALL").query_async(&mut direct).await;
+    assert!(
+        denied.is_err_and(|e| e.code() == Some("NOPERM")),
+        "FLUSHALL"
+    );
+    let denied: Result<Vec<String>, _> = direct.keys("*").await;
+    assert!(denied.is_err_and(|e| e.code() == Some("NOPERM")), "KEYS");
+}
+
+#[tokio::test]
+async fn a_wrong_password_keeps_it_not_ready_and_says_why() {
+    install_user().await;
+    let mut opts = options();
+    opts.redis_username = Some("seathold".into());
+    opts.redis_password = Some("not-the-password".into());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(seathold::server::run(opts, listener, async {
+        let _ = stopped.await;
+    }));
+    let http = reqwest::Client::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let reason = loop {
+        if let Ok(r) = http.get(format!("{base}/readyz")).send().await {
+            assert_eq!(r.status().as_u16(), 503);
+            let body: serde_json::Value = r.json().await.unwrap_or_default();
+            let reason = body["reason"].as_str().unwrap_or_default().to_owned();
+            if reason.contains("credentials") {
+                break reason;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no clear reason in /readyz: {reason}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        reason.contains("WRONGPASS") || reason.to_lowercase().contains("auth"),
+        "{reason}"
+    );
+    assert_eq!(
+        http.get(format!("{base}/healthz"))
+            .send()
+            .await
+            .expect("healthz")
+            .status()
+            .as_u16(),
+        200
+    );
+    let r = http
+        .post(format!("{base}/v1/shows/x/seats/A1/hold"))
+        .send()
+        .await
+        .expect("hold");
+    assert_eq!(r.status().as_u16(), 503);
+    let _ = stop.send(());
+    task.await.expect("task").expect("run");
+}
