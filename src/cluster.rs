@@ -32,6 +32,8 @@ pub struct RedisOptions {
     pub password: Option<String>,
     /// The longest any request waits on Redis.
     pub timeout: Duration,
+    /// CA and client certificates for `rediss://` nodes.
+    pub tls: Option<redis::TlsCertificates>,
 }
 
 /// Errors of the cluster configuration, found before anything connects.
@@ -115,6 +117,7 @@ pub struct Cluster {
     conn: RwLock<Option<ClusterConnection>>,
     /// Template for dedicated connections: credentials and TLS of the first seed.
     node_template: ConnectionInfo,
+    tls: Option<redis::TlsCertificates>,
     topology: RwLock<Arc<Topology>>,
     /// Idle dedicated connections per master, for confirm + WAIT.
     confirm_pool: Mutex<HashMap<String, Vec<MultiplexedConnection>>>,
@@ -175,6 +178,9 @@ impl Cluster {
         if let Some(pass) = &opts.password {
             builder = builder.password(pass);
         }
+        if let Some(certs) = &opts.tls {
+            builder = builder.certs(certs.clone());
+        }
         let client = builder.build().map_err(|e| ConfigError::BadUrl {
             url: opts.nodes.join(","),
             reason: e.to_string(),
@@ -184,6 +190,7 @@ impl Cluster {
             client,
             conn: RwLock::new(None),
             node_template,
+            tls: opts.tls.clone(),
             topology: RwLock::new(Arc::new(Topology::default())),
             confirm_pool: Mutex::new(HashMap::new()),
             scripts,
@@ -470,9 +477,11 @@ impl Cluster {
             },
             _ => ConnectionAddr::Tcp(host, port),
         };
-        Ok(redis::Client::open(
-            self.node_template.clone().set_addr(node_addr),
-        )?)
+        let info = self.node_template.clone().set_addr(node_addr);
+        Ok(match &self.tls {
+            Some(certs) => redis::Client::build_with_tls(info, certs.clone())?,
+            None => redis::Client::open(info)?,
+        })
     }
 
     /// Gives a dedicated connection back after a clean use.

@@ -72,6 +72,19 @@ pub struct Options {
     #[arg(long, env = "SEATHOLD_REDIS_PASSWORD", hide_env_values = true)]
     pub redis_password: Option<String>,
 
+    /// PEM file of the CA that signed the Redis nodes' TLS certificates
+    /// (for `rediss://` nodes); without it the system's roots are used.
+    #[arg(long, env = "SEATHOLD_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<std::path::PathBuf>,
+
+    /// PEM client certificate, when Redis requires mutual TLS.
+    #[arg(long, env = "SEATHOLD_REDIS_CERT_FILE", requires = "redis_key_file")]
+    pub redis_cert_file: Option<std::path::PathBuf>,
+
+    /// PEM key of --redis-cert-file.
+    #[arg(long, env = "SEATHOLD_REDIS_KEY_FILE", requires = "redis_cert_file")]
+    pub redis_key_file: Option<std::path::PathBuf>,
+
     /// Prefix of every key; must not contain braces. The default is the
     /// reference design's, so its `SET … NX PX` and seathold see each other.
     #[arg(long, env = "SEATHOLD_KEY_PREFIX", default_value = crate::keys::DEFAULT_PREFIX)]
@@ -236,9 +249,33 @@ impl Options {
         }
     }
 
-    /// How to reach Redis.
-    pub fn redis(&self) -> RedisOptions {
-        RedisOptions {
+    /// How to reach Redis; reads the TLS files.
+    pub fn redis(&self) -> Result<RedisOptions, ConfigError> {
+        let read = |path: &std::path::Path, what: &str| {
+            std::fs::read(path)
+                .map_err(|e| ConfigError(format!("cannot read {what} {}: {e}", path.display())))
+        };
+        let tls = if self.redis_ca_file.is_some() || self.redis_cert_file.is_some() {
+            let root_cert = match &self.redis_ca_file {
+                Some(path) => Some(read(path, "--redis-ca-file")?),
+                None => None,
+            };
+            let client_tls = match (&self.redis_cert_file, &self.redis_key_file) {
+                (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                    client_cert: read(cert, "--redis-cert-file")?,
+                    client_key: read(key, "--redis-key-file")?,
+                }),
+                _ => None,
+            };
+            Some(redis::TlsCertificates {
+                client_tls,
+                root_cert,
+            })
+        } else {
+            None
+        };
+        Ok(RedisOptions {
+            tls,
             nodes: self
                 .redis_nodes
                 .iter()
@@ -248,6 +285,6 @@ impl Options {
             username: self.redis_username.clone(),
             password: self.redis_password.clone(),
             timeout: Duration::from_millis(self.redis_timeout_ms),
-        }
+        })
     }
 }

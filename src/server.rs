@@ -47,7 +47,7 @@ pub enum StartError {
 /// background.
 pub fn app(opts: &Options) -> Result<Arc<App>, StartError> {
     opts.validate()?;
-    let redis = opts.redis();
+    let redis = opts.redis()?;
     let cluster = Cluster::new(&redis, Scripts::embedded())?;
     let metrics = crate::metrics::install();
     crate::metrics::register_zeroes();
