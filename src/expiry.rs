@@ -131,6 +131,7 @@ async fn subscribe(shared: Arc<Shared>, addr: String) {
             Err(err) => tracing::warn!(%addr, error = %err, "expiry subscription failed; retrying"),
         }
         subscribed.set(false);
+        metrics::counter!(m::EXPIRY_RESUBSCRIPTIONS).increment(1);
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(2));
     }
@@ -197,7 +198,8 @@ async fn session(
                 }
             }
             _ = ping.tick() => {
-                let pong: Result<Result<String, _>, _> = tokio::time::timeout(timeout, sink.ping()).await;
+                // A subscribed connection answers PING with ["pong", ""], not a string.
+                let pong: Result<Result<redis::Value, _>, _> = tokio::time::timeout(timeout, sink.ping()).await;
                 match pong {
                     Ok(Ok(_)) => {}
                     Ok(Err(e)) => return Err(format!("ping failed: {e}")),

@@ -46,6 +46,9 @@ pub const HTTP_OVERLOADED: &str = "seathold_http_overloaded_total";
 pub const REDIS_DURATION: &str = "seathold_redis_command_duration_seconds";
 /// Masters whose keyspace expiry events seathold is subscribed to.
 pub const EXPIRY_SUBSCRIPTIONS: &str = "seathold_expiry_subscriptions";
+/// Expiry subscriptions lost and made again (a master restarted or
+/// unreachable); steady growth means expiries go uncounted.
+pub const EXPIRY_RESUBSCRIPTIONS: &str = "seathold_expiry_resubscriptions_total";
 /// 1 when every master emits the expired-key events the expiry counter
 /// needs; 0 when one does not and seathold could not turn them on.
 pub const KEYSPACE_EVENTS_ENABLED: &str = "seathold_keyspace_events_enabled";
@@ -128,6 +131,10 @@ fn describe() {
         EXPIRY_SUBSCRIPTIONS,
         "Masters whose expiry events seathold is subscribed to."
     );
+    describe_counter!(
+        EXPIRY_RESUBSCRIPTIONS,
+        "Expiry subscriptions lost and made again."
+    );
     describe_gauge!(
         KEYSPACE_EVENTS_ENABLED,
         "1 when every master emits expired-key events; 0 when expiries cannot be counted."
@@ -149,6 +156,7 @@ pub fn register_zeroes() {
         CONFIRMS_NOT_REPLICATED,
         TOPOLOGY_CHANGES,
         HTTP_OVERLOADED,
+        EXPIRY_RESUBSCRIPTIONS,
     ] {
         metrics::counter!(name).increment(0);
     }

@@ -40,6 +40,7 @@ async fn counters_follow_a_known_sequence() {
         },
     )
     .await;
+    let subscribed = std::time::Instant::now();
     let before = scrape(&s.metrics().await);
 
     // 3 holds, 6 seats.
@@ -184,4 +185,14 @@ async fn counters_follow_a_known_sequence() {
     );
     assert!(text.contains("seathold_keyspace_events_enabled 1"));
     assert!(text.contains("seathold_redis_command_duration_seconds_bucket{op=\"hold\""));
+
+    // The subscriptions stay up: past their keep-alive ping (every 5 s),
+    // none was lost and made again.
+    tokio::time::sleep(Duration::from_millis(6500).saturating_sub(subscribed.elapsed())).await;
+    let text = s.metrics().await;
+    assert!(
+        text.contains("seathold_expiry_resubscriptions_total 0"),
+        "{text}"
+    );
+    assert!(text.contains("seathold_expiry_subscriptions 3"));
 }
