@@ -79,6 +79,21 @@ pub async fn run(
     let app = app(&opts)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let maintain = tokio::spawn(Arc::clone(app.service.cluster()).maintain(stop_rx.clone()));
+    // The recorder buffers histogram samples until they are drained; a
+    // scrape drains them, but without scrapes they would pile up.
+    let upkeep = {
+        let handle = app.metrics.clone();
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => handle.run_upkeep(),
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+            }
+        })
+    };
     let expiry = tokio::spawn(crate::expiry::run(
         Arc::clone(app.service.cluster()),
         app.service.keys().clone(),
@@ -122,6 +137,7 @@ pub async fn run(
     let _ = stop_tx.send(true);
     let _ = maintain.await;
     let _ = expiry.await;
+    let _ = upkeep.await;
     tracing::info!("stopped");
     Ok(())
 }
