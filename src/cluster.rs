@@ -118,6 +118,8 @@ pub struct Cluster {
     /// Template for dedicated connections: credentials and TLS of the first seed.
     node_template: ConnectionInfo,
     tls: Option<redis::TlsCertificates>,
+    /// Whether the seeds are `rediss://`.
+    tls_seeds: bool,
     topology: RwLock<Arc<Topology>>,
     /// Idle dedicated connections per master, for confirm + WAIT.
     confirm_pool: Mutex<HashMap<String, Vec<MultiplexedConnection>>>,
@@ -166,6 +168,7 @@ impl Cluster {
             infos.push(info.set_redis_settings(settings));
         }
         let node_template = infos[0].clone();
+        let tls_seeds = matches!(node_template.addr(), ConnectionAddr::TcpTls { .. });
         let mut builder = ClusterClientBuilder::new(infos.clone())
             .connection_timeout(opts.timeout)
             .response_timeout(opts.timeout)
@@ -191,6 +194,7 @@ impl Cluster {
             conn: RwLock::new(None),
             node_template,
             tls: opts.tls.clone(),
+            tls_seeds,
             topology: RwLock::new(Arc::new(Topology::default())),
             confirm_pool: Mutex::new(HashMap::new()),
             scripts,
@@ -320,7 +324,17 @@ impl Cluster {
                     return;
                 }
                 Err(_) => {
-                    self.set_ready(false, "cannot connect to Redis Cluster: timed out");
+                    // A TLS client on a plain port waits for a ServerHello
+                    // that never comes: a timeout is all it sees.
+                    let hint = if self.tls_seeds {
+                        " (are these ports TLS ports? rediss:// needs tls-port on the nodes)"
+                    } else {
+                        ""
+                    };
+                    self.set_ready(
+                        false,
+                        &format!("cannot connect to Redis Cluster: timed out{hint}"),
+                    );
                     return;
                 }
             }

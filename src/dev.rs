@@ -37,6 +37,34 @@
 //!
 //! Each server runs in its own process group, so a Ctrl-C in the terminal
 //! reaches only `seathold dev`, which then stops the cluster in order.
+//!
+//! # TLS
+//!
+//! With [`ClusterOptions::tls`] every node also listens on a TLS port of its
+//! own ([`NodeInfo::tls_port`], seeds from [`LocalCluster::tls_seed_urls`]),
+//! and the cluster bus and replication run over TLS (`tls-cluster yes`,
+//! `tls-replication yes`). The plain port stays open: this module sets the
+//! cluster up and checks it over plain TCP. Clients need not present a
+//! certificate (`tls-auth-clients optional`), but one signed by the CA is
+//! verified if they do.
+//!
+//! Redis 7 names the TLS ports in `CLUSTER SLOTS`, `CLUSTER NODES` and
+//! `MOVED`/`ASK` redirections to clients connected over TLS, and the plain
+//! ports to the others, so a cluster client seeded with `rediss://` URLs
+//! follows the TLS ports and one seeded with `redis://` URLs the plain ones;
+//! `CLUSTER SHARDS` gives every client both, as `port` and `tls-port`.
+//! Replicas replicate from their master's TLS port.
+//!
+//! With `tls-cluster yes` Redis would put the cluster bus on the TLS port plus
+//! 10000; `cluster-port` keeps it on the plain port plus 10000
+//! ([`BUS_PORT_OFFSET`]), so `CLUSTER MEET` with a plain port, the bus ports
+//! of [`NodeInfo`] and the port allocation stay as without TLS.
+//!
+//! The certificate files are copied into every node's folder at start
+//! (`redis-server` reads them from there, also on
+//! [`LocalCluster::restart`]), so the caller may delete its own copies once
+//! [`LocalCluster::start`] returns; [`LocalCluster::tls_files`] names the
+//! cluster's copies, e.g. the CA for a client.
 
 use std::collections::hash_map::RandomState;
 use std::collections::BTreeSet;
@@ -92,6 +120,11 @@ const LOG_TAIL_LINES: usize = 20;
 const STDIO_LOG: &str = "stdio.log";
 /// The server's own log file, in the node folder.
 const REDIS_LOG: &str = "redis.log";
+
+/// Names of the copies of [`TlsFiles`] in each node folder.
+const TLS_CERT: &str = "tls-node.crt";
+const TLS_KEY: &str = "tls-node.key";
+const TLS_CA: &str = "tls-ca.crt";
 
 /// The watchdog run by `/bin/sh -c`; `$1` is the server pid, `$2` the node
 /// folder, `$3` the temporary directory. A line on stdin means "stand down";
@@ -242,11 +275,32 @@ pub struct ClusterOptions {
     /// Deadline for the whole of [`LocalCluster::start`], and for each
     /// [`LocalCluster::restart`].
     pub start_timeout: Duration,
+    /// When set, every node also serves TLS on a port of its own, and the
+    /// cluster bus and replication use TLS (see the module docs). Needs a
+    /// `redis-server` built with TLS (`BUILD_TLS=yes`; Debian's and
+    /// Homebrew's are).
+    pub tls: Option<TlsFiles>,
+}
+
+/// PEM files for a TLS-enabled [`LocalCluster`]; [`LocalCluster::start`]
+/// copies them into the node folders.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// Certificate every node presents: to clients, and to its peers on the
+    /// cluster bus and replication links, so it should be valid for both
+    /// server and client authentication and name the address clients use
+    /// (e.g. `IP:127.0.0.1`).
+    pub cert: PathBuf,
+    /// Private key of `cert`.
+    pub key: PathBuf,
+    /// CA that signed `cert`: nodes verify each other, and client
+    /// certificates when a client offers one, against it.
+    pub ca: PathBuf,
 }
 
 impl Default for ClusterOptions {
     /// Three masters with one replica each, a 2 s node timeout, `redis-server`
-    /// from `PATH` and a 30 s start deadline.
+    /// from `PATH`, a 30 s start deadline and no TLS.
     fn default() -> Self {
         ClusterOptions {
             masters: 3,
@@ -255,6 +309,7 @@ impl Default for ClusterOptions {
             extra_config: Vec::new(),
             redis_server: PathBuf::from("redis-server"),
             start_timeout: Duration::from_secs(30),
+            tls: None,
         }
     }
 }
@@ -285,6 +340,16 @@ impl ClusterOptions {
                 return invalid(format!("bad extra_config directive {key:?} {value:?}"));
             }
         }
+        if let Some(tls) = &self.tls {
+            for (what, path) in [("cert", &tls.cert), ("key", &tls.key), ("ca", &tls.ca)] {
+                if !path.is_file() {
+                    return invalid(format!(
+                        "tls.{what} {} is not a readable file",
+                        path.display()
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -294,8 +359,11 @@ impl ClusterOptions {
 pub struct NodeInfo {
     /// Client port on 127.0.0.1.
     pub port: u16,
-    /// Cluster bus port (`port + 10000`).
+    /// Cluster bus port (`port + 10000`, also with TLS).
     pub bus_port: u16,
+    /// TLS client port on 127.0.0.1, when the cluster was started with
+    /// [`ClusterOptions::tls`].
+    pub tls_port: Option<u16>,
     /// Pid of the `redis-server`, or `None` while it is killed.
     pub pid: Option<u32>,
     /// Whether it is stopped with `SIGSTOP` by [`LocalCluster::pause`].
@@ -387,6 +455,8 @@ fn wait_with_grace(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
 
 struct Node {
     port: u16,
+    /// Set when the cluster has TLS.
+    tls_port: Option<u16>,
     dir: PathBuf,
     conf: PathBuf,
     initial_role: Role,
@@ -424,6 +494,8 @@ impl Node {
 pub struct LocalCluster {
     nodes: Mutex<Vec<Node>>,
     masters: usize,
+    /// The first node's copies of the TLS files, when the cluster has TLS.
+    tls_files: Option<TlsFiles>,
     redis_server: PathBuf,
     start_timeout: Duration,
     /// `None` only after [`LocalCluster::stop`] took it.
@@ -504,6 +576,7 @@ impl LocalCluster {
             };
             nodes.push(Node {
                 port: 0,
+                tls_port: None,
                 conf: node_dir.join("redis.conf"),
                 dir: node_dir,
                 initial_role,
@@ -514,6 +587,11 @@ impl LocalCluster {
         }
         // From here on, dropping `cluster` on an error cleans everything up.
         let cluster = LocalCluster {
+            tls_files: opts
+                .tls
+                .as_ref()
+                .and_then(|_| nodes.first())
+                .map(|n| node_tls_files(&n.dir)),
             nodes: Mutex::new(nodes),
             masters: opts.masters,
             redis_server,
@@ -521,11 +599,13 @@ impl LocalCluster {
             temp_dir: Some(temp_dir),
             dir,
         };
+        cluster.copy_tls_files(&opts)?;
         cluster.launch_all(&opts, deadline).await?;
         cluster.form(deadline).await?;
         tracing::info!(
             dir = %cluster.dir.display(),
             ports = ?cluster.nodes().iter().map(|n| n.port).collect::<Vec<_>>(),
+            tls_ports = ?cluster.nodes().iter().filter_map(|n| n.tls_port).collect::<Vec<_>>(),
             elapsed_ms = started_at.elapsed().as_millis() as u64,
             "local redis cluster is ready"
         );
@@ -556,6 +636,24 @@ impl LocalCluster {
         self.lock().iter().map(|n| node_url(n.port)).collect()
     }
 
+    /// `rediss://127.0.0.1:TLSPORT` for every node, to seed a cluster client
+    /// over TLS (it needs the CA of [`LocalCluster::tls_files`]); empty when
+    /// the cluster was started without [`ClusterOptions::tls`].
+    pub fn tls_seed_urls(&self) -> Vec<String> {
+        self.lock()
+            .iter()
+            .filter_map(|n| n.tls_port)
+            .map(|port| format!("rediss://127.0.0.1:{port}"))
+            .collect()
+    }
+
+    /// The cluster's own copies of its TLS files (in the first node's
+    /// folder; valid until the cluster stops), or `None` without TLS. Their
+    /// `ca` is what a client needs to trust the nodes.
+    pub fn tls_files(&self) -> Option<&TlsFiles> {
+        self.tls_files.as_ref()
+    }
+
     /// A snapshot of every node, masters first in creation order.
     pub fn nodes(&self) -> Vec<NodeInfo> {
         let mut nodes = self.lock();
@@ -567,6 +665,7 @@ impl LocalCluster {
                 NodeInfo {
                     port: n.port,
                     bus_port: n.port.saturating_add(BUS_PORT_OFFSET),
+                    tls_port: n.tls_port,
                     pid: n.process.as_ref().map(NodeProcess::pid),
                     paused: n.paused,
                     initial_role: n.initial_role,
@@ -835,13 +934,45 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// Copies the TLS files into every node folder (see the module docs).
+    fn copy_tls_files(&self, opts: &ClusterOptions) -> Result<(), DevError> {
+        let Some(tls) = &opts.tls else {
+            return Ok(());
+        };
+        for node in self.lock().iter() {
+            let copies = node_tls_files(&node.dir);
+            for (from, to) in [
+                (&tls.cert, &copies.cert),
+                (&tls.key, &copies.key),
+                (&tls.ca, &copies.ca),
+            ] {
+                fs::copy(from, to).map_err(io_error(format!(
+                    "copying {} to {}",
+                    from.display(),
+                    to.display()
+                )))?;
+            }
+            // The key is a secret; the folder is ours alone anyway.
+            fs::set_permissions(&copies.key, fs::Permissions::from_mode(0o600))
+                .map_err(io_error(format!("restricting {}", copies.key.display())))?;
+        }
+        Ok(())
+    }
+
     /// Picks fresh ports for a node and writes its `redis.conf`.
     fn configure_node(&self, index: usize, opts: &ClusterOptions) -> Result<(), DevError> {
         let port = allocate_port()?;
+        // Taken from the same sequence, so it differs from every other port
+        // of this process's clusters (its unused port+10000 is only checked).
+        let tls_port = match opts.tls {
+            Some(_) => Some(allocate_port()?),
+            None => None,
+        };
         let mut nodes = self.lock();
         let node = &mut nodes[index];
         node.port = port;
-        let config = render_config(port, &node.dir, opts)?;
+        node.tls_port = tls_port;
+        let config = render_config(port, tls_port, &node.dir, opts)?;
         fs::write(&node.conf, config).map_err(io_error(format!("writing {}", node.conf.display())))
     }
 
@@ -864,9 +995,19 @@ impl LocalCluster {
                             tracing::debug!(port = node.port, "port taken, moving the node");
                             return Ok(Launch::PortTaken);
                         }
+                        let hint = if node.tls_port.is_some()
+                            && log_tail.contains("Bad directive")
+                            && log_tail.contains("tls-")
+                        {
+                            "; this redis-server seems to be built without TLS support \
+                             (Redis needs `make BUILD_TLS=yes`; Debian's and Homebrew's \
+                             packages have it)"
+                        } else {
+                            ""
+                        };
                         return Err(DevError::Node {
                             port: node.port,
-                            reason: format!("exited during startup ({status})"),
+                            reason: format!("exited during startup ({status}){hint}"),
                             log_tail,
                         });
                     }
@@ -1255,6 +1396,15 @@ fn node_url(port: u16) -> String {
     format!("redis://127.0.0.1:{port}")
 }
 
+/// Where a node folder keeps its copies of the TLS files.
+fn node_tls_files(node_dir: &Path) -> TlsFiles {
+    TlsFiles {
+        cert: node_dir.join(TLS_CERT),
+        key: node_dir.join(TLS_KEY),
+        ca: node_dir.join(TLS_CA),
+    }
+}
+
 fn slot_u16(slot: usize) -> u16 {
     u16::try_from(slot).unwrap_or(SLOT_COUNT - 1)
 }
@@ -1385,8 +1535,14 @@ fn port_is_free(port: u16) -> bool {
 }
 
 /// `redis.conf` for one node. Later directives override earlier ones, so
-/// `extra_config` comes last.
-fn render_config(port: u16, node_dir: &Path, opts: &ClusterOptions) -> Result<String, DevError> {
+/// `extra_config` comes last. With `tls_port`, the node serves TLS there with
+/// the copies of the TLS files in its folder.
+fn render_config(
+    port: u16,
+    tls_port: Option<u16>,
+    node_dir: &Path,
+    opts: &ClusterOptions,
+) -> Result<String, DevError> {
     let dir = node_dir.to_str().ok_or_else(|| {
         DevError::InvalidOptions(format!(
             "temporary directory {} is not valid UTF-8",
@@ -1423,6 +1579,27 @@ fn render_config(port: u16, node_dir: &Path, opts: &ClusterOptions) -> Result<St
         log = conf_quote(log),
         timeout = opts.node_timeout_ms,
     );
+    if let Some(tls_port) = tls_port {
+        let files = node_tls_files(node_dir);
+        let path = |p: &Path| conf_quote(&p.to_string_lossy());
+        // `cluster-port`: with tls-cluster the bus would otherwise move to
+        // tls-port + 10000 (see the module docs).
+        let _ = write!(
+            conf,
+            "tls-port {tls_port}\n\
+             tls-cert-file {cert}\n\
+             tls-key-file {key}\n\
+             tls-ca-cert-file {ca}\n\
+             tls-cluster yes\n\
+             tls-replication yes\n\
+             tls-auth-clients optional\n\
+             cluster-port {bus}\n",
+            cert = path(&files.cert),
+            key = path(&files.key),
+            ca = path(&files.ca),
+            bus = port.saturating_add(BUS_PORT_OFFSET),
+        );
+    }
     for (key, value) in &opts.extra_config {
         let _ = writeln!(conf, "{key} {value}");
     }
@@ -1714,13 +1891,43 @@ mod tests {
             extra_config: vec![("appendonly".into(), "yes".into())],
             ..ClusterOptions::default()
         };
-        let conf = render_config(21000, Path::new("/tmp/a b"), &opts).unwrap_or_default();
+        let conf = render_config(21000, None, Path::new("/tmp/a b"), &opts).unwrap_or_default();
         assert!(conf.contains("port 21000\n"));
         assert!(conf.contains("dir \"/tmp/a b\"\n"));
         assert!(conf.contains("cluster-node-timeout 2000\n"));
+        assert!(!conf.contains("tls"), "{conf}");
         let default_at = conf.find("appendonly no").unwrap_or(usize::MAX);
         let override_at = conf.find("appendonly yes").unwrap_or(0);
         assert!(default_at < override_at);
+    }
+
+    #[test]
+    fn tls_config_keeps_the_bus_on_the_plain_port() {
+        let opts = ClusterOptions {
+            tls: Some(TlsFiles {
+                cert: "/x/c".into(),
+                key: "/x/k".into(),
+                ca: "/x/a".into(),
+            }),
+            ..ClusterOptions::default()
+        };
+        let conf =
+            render_config(21000, Some(21001), Path::new("/tmp/n"), &opts).unwrap_or_default();
+        for line in [
+            "port 21000\n",
+            "tls-port 21001\n",
+            "tls-cert-file \"/tmp/n/tls-node.crt\"\n",
+            "tls-key-file \"/tmp/n/tls-node.key\"\n",
+            "tls-ca-cert-file \"/tmp/n/tls-ca.crt\"\n",
+            "tls-cluster yes\n",
+            "tls-replication yes\n",
+            "tls-auth-clients optional\n",
+            "cluster-port 31000\n",
+        ] {
+            assert!(conf.contains(line), "{line:?} missing from {conf}");
+        }
+        // Missing files are refused before anything starts.
+        assert!(matches!(opts.validate(), Err(DevError::InvalidOptions(_))));
     }
 
     #[test]
