@@ -14,12 +14,15 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
+use redis::{
+    AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, FromRedisValue, IntoConnectionInfo,
+    Value,
+};
 use tokio::sync::watch;
 
 use crate::error::{Error, RedisFault};
 use crate::keys::SLOTS;
-use crate::scripts::Scripts;
+use crate::scripts::{Script, Scripts};
 
 /// How to reach the cluster.
 #[derive(Debug, Clone)]
@@ -282,6 +285,21 @@ impl Cluster {
         metrics::histogram!(crate::metrics::REDIS_DURATION, "op" => op)
             .record(start.elapsed().as_secs_f64());
         result
+    }
+
+    /// Runs `script` over the shared connection: bounded by the Redis
+    /// timeout and timed under the script's name.
+    pub async fn eval<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[String],
+        args: impl Fn(&mut Cmd),
+    ) -> Result<T, Error> {
+        self.bounded(script.name(), async {
+            let mut conn = self.conn()?;
+            Ok(script.run(&mut conn, keys, args).await?)
+        })
+        .await
     }
 
     fn elapsed_ms(&self) -> u64 {

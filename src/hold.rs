@@ -271,21 +271,13 @@ impl Service {
         let fences = shows.len();
         let reply: Vec<i64> = self
             .cluster
-            .bounded("hold", async {
-                let mut conn = self.cluster.conn()?;
-                Ok(self
-                    .cluster
-                    .scripts()
-                    .hold
-                    .run(&mut conn, &key_list, |c| {
-                        c.arg(&token)
-                            .arg(ttl)
-                            .arg(fences)
-                            .arg(home)
-                            .arg(seats.kind())
-                            .arg(&encoded);
-                    })
-                    .await?)
+            .eval(&self.cluster.scripts().hold, &key_list, |c| {
+                c.arg(&token)
+                    .arg(ttl)
+                    .arg(fences)
+                    .arg(home)
+                    .arg(seats.kind())
+                    .arg(&encoded);
             })
             .await?;
 
@@ -350,15 +342,7 @@ impl Service {
         }
         let reply: Vec<Value> = self
             .cluster
-            .bounded("lookup", async {
-                let mut conn = self.cluster.conn()?;
-                Ok(self
-                    .cluster
-                    .scripts()
-                    .lookup
-                    .run(&mut conn, &key_list, |_| {})
-                    .await?)
-            })
+            .eval(&self.cluster.scripts().lookup, &key_list, |_| {})
             .await?;
         let int = |v: Option<&Value>| match v {
             Some(Value::Int(i)) => Some(*i),
@@ -438,16 +422,8 @@ impl Service {
         let max = self.limits.max_hold_lifetime_ms;
         let reply: Vec<i64> = self
             .cluster
-            .bounded("extend", async {
-                let mut conn = self.cluster.conn()?;
-                Ok(self
-                    .cluster
-                    .scripts()
-                    .extend
-                    .run(&mut conn, &key_list, |c| {
-                        c.arg(token).arg(ttl).arg(max);
-                    })
-                    .await?)
+            .eval(&self.cluster.scripts().extend, &key_list, |c| {
+                c.arg(token).arg(ttl).arg(max);
             })
             .await?;
         match reply.as_slice() {
@@ -487,16 +463,8 @@ impl Service {
         key_list.extend(self.seat_keys(show, &rec.seats));
         let released: i64 = self
             .cluster
-            .bounded("release", async {
-                let mut conn = self.cluster.conn()?;
-                Ok(self
-                    .cluster
-                    .scripts()
-                    .release
-                    .run(&mut conn, &key_list, |c| {
-                        c.arg(token);
-                    })
-                    .await?)
+            .eval(&self.cluster.scripts().release, &key_list, |c| {
+                c.arg(token);
             })
             .await?;
         if released == 1 {
@@ -630,15 +598,7 @@ impl Service {
         let key_list: Vec<String> = seats.iter().map(|s| self.keys.seat(show, s)).collect();
         let reply: Vec<i64> = self
             .cluster
-            .bounded("seats", async {
-                let mut conn = self.cluster.conn()?;
-                Ok(self
-                    .cluster
-                    .scripts()
-                    .seats
-                    .run(&mut conn, &key_list, |_| {})
-                    .await?)
-            })
+            .eval(&self.cluster.scripts().seats, &key_list, |_| {})
             .await?;
         if reply.len() != 2 * seats.len() {
             return Err(Error::Internal("bad reply of seats.lua".into()));
