@@ -1,6 +1,6 @@
 -- extend.lua: set a hold's remaining time, for every seat and its record.
 --
--- KEYS[1]          hold record
+-- KEYS[1]          hold record (its key names the token)
 -- KEYS[2 .. #KEYS] the hold's seat keys
 -- ARGV[1]          hold token
 -- ARGV[2]          new TTL in milliseconds (like PEXPIRE)
@@ -10,7 +10,8 @@
 -- longer holds every seat (nothing changed); {-1, created_ms, now_ms} when
 -- the new expiry would pass the lifetime cap (nothing changed). Time is
 -- Redis's own clock.
-if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then
+local record = redis.call('GET', KEYS[1])
+if not record then
   return {0}
 end
 for i = 2, #KEYS do
@@ -18,14 +19,15 @@ for i = 2, #KEYS do
     return {0}
   end
 end
+local fence, created = string.match(record, '^(%d+) (%d+) ')
+fence, created = tonumber(fence) or 0, tonumber(created)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local created = tonumber(redis.call('HGET', KEYS[1], 'created')) or now
+created = created or now
 if now + tonumber(ARGV[2]) - created > tonumber(ARGV[3]) then
   return {-1, created, now}
 end
 for i = 1, #KEYS do
   redis.call('PEXPIRE', KEYS[i], ARGV[2])
 end
-local fence = tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0
 return {1, fence, redis.call('PTTL', KEYS[1]), now}

@@ -1,6 +1,6 @@
 -- release.lua: give a hold's seats back, only where they still carry its token.
 --
--- KEYS[1]          hold record
+-- KEYS[1]          hold record (its key names the token)
 -- KEYS[2 .. #KEYS] the hold's seat keys
 -- ARGV[1]          hold token
 --
@@ -8,7 +8,7 @@
 -- nothing (expired, released, confirmed, or never existed). A seat whose
 -- value is no longer this token (expired and taken by someone else) is left
 -- alone.
-if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then
+if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
 for i = 2, #KEYS do

@@ -275,7 +275,6 @@ impl Service {
                 c.arg(&token)
                     .arg(ttl)
                     .arg(fences)
-                    .arg(home)
                     .arg(seats.kind())
                     .arg(&encoded);
             })
@@ -357,24 +356,25 @@ impl Service {
             int(reply.get(1)).unwrap_or(-1),
             int(reply.get(2)).unwrap_or(0),
         );
-        let mut fields = std::collections::HashMap::new();
-        for pair in reply.get(3..).unwrap_or_default().chunks_exact(2) {
-            if let (Value::BulkString(k), Value::BulkString(v)) = (&pair[0], &pair[1]) {
-                fields.insert(
-                    String::from_utf8_lossy(k).into_owned(),
-                    String::from_utf8_lossy(v).into_owned(),
-                );
-            }
-        }
-        let field = |name: &str| fields.get(name).map(String::as_str).unwrap_or_default();
-        let seats = Seats::decode(field("kind"), field("seats"), show)
-            .ok_or_else(|| Error::Internal(format!("unreadable hold record for {show}")))?;
+        // "<fence> <created_ms> <kind> <seats>", see lua/hold.lua.
+        let unreadable = || Error::Internal(format!("unreadable hold record for {show}"));
+        let Some(Value::BulkString(raw)) = reply.get(3) else {
+            return Err(unreadable());
+        };
+        let record = std::str::from_utf8(raw).map_err(|_| unreadable())?;
+        let mut parts = record.splitn(4, ' ');
+        let (Some(fence), Some(_created), Some(kind), Some(encoded)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(unreadable());
+        };
+        let seats = Seats::decode(kind, encoded, show).ok_or_else(unreadable)?;
         Ok(Some(Record {
             found,
             pttl,
             now_ms,
             seats,
-            fence: field("fence").parse().unwrap_or(0),
+            fence: fence.parse().map_err(|_| unreadable())?,
         }))
     }
 
