@@ -204,8 +204,8 @@ impl Options {
                 self.max_ttl_ms, self.max_hold_lifetime_ms
             ));
         }
-        if self.max_seats_per_hold == 0 {
-            return fail("--max-seats-per-hold must be at least 1".into());
+        if self.max_seats_per_hold == 0 || self.max_seats_per_hold > 1000 {
+            return fail("--max-seats-per-hold must be between 1 and 1000".into());
         }
         if self.redis_timeout_ms == 0 {
             return fail("--redis-timeout-ms must be positive".into());

@@ -65,13 +65,16 @@ impl Seats {
     }
 
     /// `(show, seat)` of every seat, in order.
-    fn pairs<'a>(&'a self, home: &'a str) -> Box<dyn Iterator<Item = (&'a str, &'a str)> + 'a> {
-        match self {
-            Self::Show(seats) => Box::new(seats.iter().map(move |s| (home, s.as_str()))),
-            Self::Multi(seats) => {
-                Box::new(seats.iter().map(|r| (r.show.as_str(), r.seat.as_str())))
-            }
-        }
+    fn pairs<'a>(&'a self, home: &'a str) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
+        // One of the two slices is empty; chaining them avoids boxing.
+        let (plain, multi): (&[String], &[SeatRef]) = match self {
+            Self::Show(seats) => (seats, &[]),
+            Self::Multi(seats) => (&[], seats),
+        };
+        plain
+            .iter()
+            .map(move |seat| (home, seat.as_str()))
+            .chain(multi.iter().map(|r| (r.show.as_str(), r.seat.as_str())))
     }
 
     fn kind(&self) -> &'static str {
@@ -219,20 +222,20 @@ impl Service {
                 return Err(Error::InvalidSeat);
             }
         }
-        {
-            let mut seen = std::collections::HashSet::with_capacity(seats.len());
-            for (show, seat) in seats.pairs(home) {
-                if !seen.insert((show, seat)) {
-                    let name = match &seats {
-                        Seats::Show(_) => seat.to_owned(),
-                        Seats::Multi(_) => format!("{show}/{seat}"),
-                    };
-                    return Err(Error::DuplicateSeat(name));
-                }
-            }
-        }
         if seats.len() > self.limits.max_seats_per_hold {
             return Err(Error::TooManySeats(self.limits.max_seats_per_hold));
+        }
+        // At most --max-seats-per-hold seats (checked above, so this stays
+        // cheap): comparing pairs beats hashing them.
+        let pairs: Vec<(&str, &str)> = seats.pairs(home).collect();
+        for (i, (show, seat)) in pairs.iter().enumerate() {
+            if pairs[..i].contains(&(show, seat)) {
+                let name = match &seats {
+                    Seats::Show(_) => (*seat).to_owned(),
+                    Seats::Multi(_) => format!("{show}/{seat}"),
+                };
+                return Err(Error::DuplicateSeat(name));
+            }
         }
         let ttl = self.ttl(ttl_ms)?;
 

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Body;
 use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::http::request::Parts;
 use hyper::{Method, Request, Response, StatusCode};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
@@ -95,9 +96,9 @@ where
     B::Error: std::error::Error + Send + Sync + 'static,
 {
     let start = Instant::now();
-    let path = req.uri().path().to_owned();
-    let route = Route::parse(&path);
-    let response = serve(&app, &route, req)
+    let (head, body) = req.into_parts();
+    let route = Route::parse(head.uri.path());
+    let response = serve(&app, &route, &head, body)
         .await
         .unwrap_or_else(error_response);
     let template = route.template();
@@ -251,15 +252,15 @@ impl App {
     }
 }
 
-async fn serve<B>(app: &App, route: &Route<'_>, req: Request<B>) -> Result<Resp, Error>
+async fn serve<B>(app: &App, route: &Route<'_>, head: &Parts, body: B) -> Result<Resp, Error>
 where
     B: Body<Data = Bytes>,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
-    let method = req.method().clone();
+    let method = &head.method;
     // Probes and metrics are never refused: a load balancer must see an
     // overloaded instance as alive.
-    match (route, &method) {
+    match (route, method) {
         (Route::Healthz, &Method::GET | &Method::HEAD) => {
             return Ok(json(StatusCode::OK, &serde_json::json!({"status": "ok"})))
         }
@@ -272,14 +273,14 @@ where
         _ => {}
     }
     let allowed = match route {
-        Route::Hold { .. } => matches!(method, Method::GET | Method::DELETE),
+        Route::Hold { .. } => matches!(*method, Method::GET | Method::DELETE),
         Route::Seat { .. } | Route::Seats { .. } => method == Method::GET,
         _ => method == Method::POST,
     };
     if !allowed {
         return Err(Error::MethodNotAllowed(route.allow()));
     }
-    app.authorize(&method, req.headers())?;
+    app.authorize(method, &head.headers)?;
     let _in_flight = app.admit()?;
     if let Some(show) = route.show() {
         valid_show(show)?;
@@ -287,7 +288,7 @@ where
     let svc = &app.service;
     match *route {
         Route::MultiHold => {
-            let body: MultiHoldBody = json_body(app, req, true).await?;
+            let body: MultiHoldBody = json_body(app, head, body, true).await?;
             let Some(home) = body.seats.first().map(|s| s.show.clone()) else {
                 return Err(Error::InvalidRequest(
                     "seats must name at least one seat".into(),
@@ -299,14 +300,14 @@ where
             Ok(json(StatusCode::CREATED, &hold))
         }
         Route::ShowHolds { show } => {
-            let body: ShowHoldBody = json_body(app, req, true).await?;
+            let body: ShowHoldBody = json_body(app, head, body, true).await?;
             let hold = svc
                 .hold(show, Seats::Show(body.seats), ttl(body.ttl_ms)?)
                 .await?;
             Ok(json(StatusCode::CREATED, &hold))
         }
         Route::SeatHold { show, seat } => {
-            let body: TtlBody = json_body(app, req, false).await?;
+            let body: TtlBody = json_body(app, head, body, false).await?;
             let hold = svc
                 .hold(show, Seats::Show(vec![seat.to_owned()]), ttl(body.ttl_ms)?)
                 .await?;
@@ -320,14 +321,14 @@ where
             Ok(empty(StatusCode::NO_CONTENT))
         }
         Route::Extend { show, token } => {
-            let body: TtlBody = json_body(app, req, false).await?;
+            let body: TtlBody = json_body(app, head, body, false).await?;
             Ok(json(
                 StatusCode::OK,
                 &svc.extend(show, token, ttl(body.ttl_ms)?).await?,
             ))
         }
         Route::Confirm { show, token } => {
-            let _: TtlBody = json_body(app, req, false).await?;
+            let _: TtlBody = json_body(app, head, body, false).await?;
             Ok(json(StatusCode::OK, &svc.confirm(show, token).await?))
         }
         Route::Seat { show, seat } => {
@@ -343,7 +344,7 @@ where
             Ok(json(StatusCode::OK, &state))
         }
         Route::Seats { show } => {
-            let query = req.uri().query().unwrap_or_default();
+            let query = head.uri.query().unwrap_or_default();
             let ids = form_urlencoded::parse(query.as_bytes())
                 .find(|(k, _)| k == "ids")
                 .map(|(_, v)| v.into_owned())
@@ -386,23 +387,23 @@ fn valid_show(show: &str) -> Result<(), Error> {
 
 /// Reads and decodes a JSON body. With `required`, an empty body is an
 /// error; otherwise it decodes as `{}`. A non-empty body must say it is JSON.
-async fn json_body<B, T>(app: &App, req: Request<B>, required: bool) -> Result<T, Error>
+async fn json_body<B, T>(app: &App, head: &Parts, body: B, required: bool) -> Result<T, Error>
 where
     B: Body<Data = Bytes>,
     B::Error: std::error::Error + Send + Sync + 'static,
     T: serde::de::DeserializeOwned,
 {
     let max = app.max_body_bytes;
-    let declared = req
-        .headers()
+    let declared = head
+        .headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > max as u64) {
         return Err(Error::PayloadTooLarge(max));
     }
-    let is_json = req
-        .headers()
+    let is_json = head
+        .headers
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(|v| {
@@ -413,10 +414,7 @@ where
                 .eq_ignore_ascii_case("application/json")
         });
     // A body that trickles in would hold an in-flight slot forever.
-    let collect = tokio::time::timeout(
-        app.body_timeout,
-        Limited::new(req.into_body(), max).collect(),
-    );
+    let collect = tokio::time::timeout(app.body_timeout, Limited::new(body, max).collect());
     let bytes = match collect.await {
         Ok(Ok(collected)) => collected.to_bytes(),
         Ok(Err(err)) if err.is::<http_body_util::LengthLimitError>() => {
