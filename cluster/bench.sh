@@ -1,0 +1,683 @@
+#!/usr/bin/env bash
+# Benchmark seathold against raw Redis on fresh local Redis Clusters.
+# Run `cluster/bench.sh --help` for what it measures and how.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+Usage: cluster/bench.sh [options]
+
+Starts `seathold dev` (a fresh local Redis Cluster plus the daemon, all on
+127.0.0.1) and measures, in one run and side by side:
+
+  raw   redis-benchmark --cluster: SET seat-hold:{tag}:<rand> <36-byte token> NX PX 300000
+  hold1 POST /v1/shows/{show}/seats/{seat}/hold (no body), random show and seat
+  hold4 POST /v1/shows/{show}/holds {"seats":[4 random seats]}, random show
+  hot1  single-seat holds that all go to one hot show (one slot, one master)
+  hot4  four-seat holds that all go to one hot show
+  read  GET /v1/shows/{show}/seats/{seat}, random show, free seat
+
+then a growth table (N-seat holds for N = 1 2 4 8 16 20 over /holds) and
+single-seat holds on a fresh 1-master cluster versus a fresh 3-master
+cluster. Each step is warmed up briefly first. Every HTTP response is
+counted by status; a step with any answer other than 201 (200 for reads),
+or with socket errors, is reported as INVALID instead of as a speed.
+Shows are drawn from a million per step ("<run>-<n>"); seat ids never repeat
+within a step, so no hold should ever conflict.
+
+Options:
+  -d, --duration SECONDS   measured time per step (default 10)
+  -w, --warmup SECONDS     warm-up time before each step (default 2)
+  -q, --quick              smoke run: 3 s per step, 1 s warm-up
+  -c, --connections N      concurrent connections, both tools (default 50)
+  -t, --threads N          wrk threads and redis-benchmark threads (default 2)
+  -r, --replicas N         replicas per master in every cluster (default 1)
+      --retries N          measure a step again, up to N more times, when
+                           other processes took over 20% of one core during
+                           it, and keep the quietest attempt (default 2)
+      --wait-idle SECONDS  before each step, wait up to this long for the rest
+                           of the machine to go quiet (below 25% of one core
+                           busy besides our own cluster) (default 0: don't)
+      --sections LIST      comma-separated subset of main,growth,masters
+                           (default: all three)
+  -o, --out FILE           machine-readable results (TSV) go here
+                           (default: a new file in ${TMPDIR:-/tmp})
+      --bin PATH           use this seathold binary instead of building
+                           target/release/seathold with `cargo build --release`
+  -h, --help               this text
+
+Needs wrk, redis-benchmark, redis-cli, redis-server and curl on PATH
+(Debian/Ubuntu: sudo apt-get install wrk redis-tools redis-server curl).
+Nothing is pinned: clients, daemon and every redis-server share the machine's
+cores, so the CPU table says where the time went (percent of one core;
+"other" is whatever else ran on the machine meanwhile).
+EOF
+}
+
+# ---------------------------------------------------------------- options
+
+duration=10
+warmup=2
+connections=50
+threads=2
+replicas=1
+sections="main,growth,masters"
+wait_idle=0
+retries=2
+out=""
+bin=""
+
+die() { echo "bench.sh: $*" >&2; exit 2; }
+need_arg() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value (see --help)"; }
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -d|--duration) need_arg "$@"; duration=$2; shift 2 ;;
+    -w|--warmup) need_arg "$@"; warmup=$2; shift 2 ;;
+    -q|--quick) duration=3; warmup=1; shift ;;
+    -c|--connections) need_arg "$@"; connections=$2; shift 2 ;;
+    -t|--threads) need_arg "$@"; threads=$2; shift 2 ;;
+    -r|--replicas) need_arg "$@"; replicas=$2; shift 2 ;;
+    --sections) need_arg "$@"; sections=$2; shift 2 ;;
+    --wait-idle) need_arg "$@"; wait_idle=$2; shift 2 ;;
+    --retries) need_arg "$@"; retries=$2; shift 2 ;;
+    -o|--out) need_arg "$@"; out=$2; shift 2 ;;
+    --bin) need_arg "$@"; bin=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown option '$1' (see --help)" ;;
+  esac
+done
+
+is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
+if ! is_uint "$duration" || ((duration < 1)); then die "--duration must be a whole number of seconds >= 1"; fi
+is_uint "$warmup" || die "--warmup must be a whole number of seconds"
+if ! is_uint "$connections" || ((connections < 1)); then die "--connections must be >= 1"; fi
+if ! is_uint "$threads" || ((threads < 1)); then die "--threads must be >= 1"; fi
+((connections >= threads)) || die "--connections must be at least --threads (wrk needs one per thread)"
+is_uint "$replicas" || die "--replicas must be a whole number"
+is_uint "$wait_idle" || die "--wait-idle must be a whole number of seconds"
+is_uint "$retries" || die "--retries must be a whole number"
+for s in ${sections//,/ }; do
+  case "$s" in main|growth|masters) ;; *) die "unknown section '$s' (main, growth, masters)" ;; esac
+done
+has_section() { [[ ",$sections," == *",$1,"* ]]; }
+
+# ---------------------------------------------------------------- tools
+
+missing=()
+for tool in wrk redis-benchmark redis-cli redis-server curl awk; do
+  command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+done
+if ((${#missing[@]})); then
+  echo "bench.sh: missing on PATH: ${missing[*]}" >&2
+  cat >&2 <<'EOF'
+Install them, e.g. on Debian/Ubuntu:
+  sudo apt-get install wrk redis-tools redis-server curl
+(redis-benchmark and redis-cli come with redis-tools; on macOS: brew install wrk redis)
+EOF
+  exit 2
+fi
+
+script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$script_dir/.." && pwd)
+lua_dir="$script_dir/bench"
+for f in common.lua hold1.lua holds.lua read.lua; do
+  [[ -f "$lua_dir/$f" ]] || die "missing $lua_dir/$f"
+done
+
+if [[ -z "$bin" ]]; then
+  command -v cargo >/dev/null 2>&1 || die "cargo not found: install Rust (https://rustup.rs) or pass --bin PATH"
+  echo "building seathold (cargo build --release)..." >&2
+  (cd "$repo" && cargo build --release --quiet) || die "cargo build --release failed"
+  bin="$repo/target/release/seathold"
+fi
+[[ -x "$bin" ]] || die "seathold binary $bin is missing or not executable"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/seathold-bench.XXXXXX")
+if [[ -z "$out" ]]; then
+  out="$work/results.tsv"
+  keep_work=1
+else
+  keep_work=0
+  : >"$out" || die "cannot write $out"
+fi
+
+clk_tck=$(getconf CLK_TCK)
+ncpu=$(getconf _NPROCESSORS_ONLN)
+run_id="b$(date +%s)$$"
+
+# ---------------------------------------------------------------- daemon
+
+daemon_pid=""
+daemon_log=""
+url=""
+master_ports=()
+master_pids=()
+replica_pids=()
+
+# Stops the daemon: SIGINT, then wait for it to exit (it stops its Redis
+# Cluster and removes the folder on the way out); SIGKILL after 30 s (its
+# watchdogs then kill the redis-servers).
+stop_daemon() {
+  [[ -n "$daemon_pid" ]] || return 0
+  local pid=$daemon_pid i p
+  daemon_pid=""
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -INT "$pid" 2>/dev/null || true
+    for ((i = 0; i < 300; i++)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "bench.sh: seathold (pid $pid) did not stop within 30 s; killing it" >&2
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  fi
+  wait "$pid" 2>/dev/null || true
+  # Make sure its redis-servers are gone before the next cluster starts.
+  for p in "${master_pids[@]}" "${replica_pids[@]}"; do
+    for ((i = 0; i < 100; i++)); do
+      kill -0 "$p" 2>/dev/null || break
+      sleep 0.1
+    done
+  done
+}
+
+client_pid=""
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if [[ -n "$client_pid" ]]; then kill -TERM "$client_pid" 2>/dev/null || true; fi
+  stop_daemon
+  ((rc == 0)) || echo "bench.sh: stopped early (exit $rc); daemon and its cluster are stopped" >&2
+  if ((keep_work)); then
+    # Keep only the results file.
+    find "$work" -mindepth 1 ! -name results.tsv -delete 2>/dev/null || true
+  else
+    rm -rf "$work"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# start_daemon MASTERS: starts `seathold dev` and waits for /readyz.
+start_daemon() {
+  local masters=$1
+  daemon_log="$work/daemon-$masters-$(date +%s%N).log"
+  SEATHOLD_LOG=warn "$bin" dev --listen 127.0.0.1:0 --masters "$masters" --replicas "$replicas" \
+    </dev/null >"$daemon_log" 2>&1 &
+  daemon_pid=$!
+  local deadline=$((SECONDS + 90))
+  url=""
+  while [[ -z "$url" ]]; do
+    if ! kill -0 "$daemon_pid" 2>/dev/null; then
+      echo "bench.sh: seathold dev exited during start-up:" >&2
+      cat "$daemon_log" >&2
+      daemon_pid=""
+      exit 1
+    fi
+    ((SECONDS < deadline)) || { cat "$daemon_log" >&2; die "seathold dev did not start within 90 s"; }
+    url=$(sed -n 's/^seathold is serving on \(http:\/\/[^ ]*\).*/\1/p' "$daemon_log" | head -n 1)
+    [[ -n "$url" ]] || sleep 0.2
+  done
+  until [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$url/readyz" || true)" == 200 ]]; do
+    ((SECONDS < deadline)) || die "$url/readyz did not answer 200 within 90 s"
+    sleep 0.2
+  done
+  local nodes port role pid
+  nodes=$(sed -n 's/^Redis Cluster nodes: //p' "$daemon_log" | head -n 1)
+  master_ports=()
+  master_pids=()
+  replica_pids=()
+  for port in $(tr ',' '\n' <<<"$nodes" | sed 's/.*:\([0-9]*\)$/\1/'); do
+    role=$(redis-cli -h 127.0.0.1 -p "$port" role | head -n 1)
+    pid=$(redis-cli -h 127.0.0.1 -p "$port" info server | tr -d '\r' | sed -n 's/^process_id://p')
+    if [[ "$role" == master ]]; then
+      master_ports+=("$port")
+      master_pids+=("$pid")
+    else
+      replica_pids+=("$pid")
+    fi
+  done
+  ((${#master_ports[@]} == masters)) || die "expected $masters masters, found ${#master_ports[@]} ($nodes)"
+  echo "cluster: $masters master(s) + $((masters * replicas)) replica(s), seathold at $url (pid $daemon_pid)" >&2
+}
+
+# ---------------------------------------------------------------- probes
+
+# CPU ticks (user+system) of the given pids, summed.
+proc_ticks() {
+  local sum=0 pid f
+  for pid in "$@"; do
+    if f=$(cat "/proc/$pid/stat" 2>/dev/null); then
+      f=${f##*) }
+      # After "pid (comm) ": 1 state ... 12 utime 13 stime.
+      read -r -a a <<<"$f"
+      sum=$((sum + a[11] + a[12]))
+    fi
+  done
+  echo "$sum"
+}
+# Busy ticks of the whole machine (all CPUs).
+machine_ticks() {
+  awk '/^cpu /{print $2+$3+$4+$7+$8+$9; exit}' /proc/stat
+}
+cpu_snapshot() {
+  echo "$(machine_ticks) $(proc_ticks "$daemon_pid") $(proc_ticks "${master_pids[@]}") $(proc_ticks "${replica_pids[@]}")"
+}
+# wait_for_idle: with --wait-idle, waits (at most that long) until the
+# machine, not counting our cluster and daemon, used under 25% of one core
+# over the last second.
+wait_for_idle() {
+  ((wait_idle > 0)) || return 0
+  local deadline=$((SECONDS + wait_idle)) a b busy
+  while ((SECONDS < deadline)); do
+    a=$(cpu_snapshot)
+    sleep 1
+    b=$(cpu_snapshot)
+    busy=$(awk -v a="$a" -v b="$b" -v hz="$clk_tck" 'BEGIN {
+      split(a, x, " "); split(b, y, " ")
+      print int(((y[1] - x[1]) - (y[2] - x[2]) - (y[3] - x[3]) - (y[4] - x[4])) * 100 / hz) }')
+    ((busy >= 25)) || return 0
+  done
+  echo "    (machine still busy: $busy% of a core used by other processes; measuring anyway)" >&2
+}
+
+# Redis errors and overload refusals the daemon counted so far, from
+# /metrics (missing metrics count as 0).
+daemon_counters() {
+  curl -s --max-time 5 "$url/metrics" 2>/dev/null | awk '
+    /^seathold_redis_errors_total/ { e += $NF }
+    /^seathold_http_overloaded_total/ { o += $NF }
+    END { printf "%d %d\n", e, o }' || echo "0 0"
+}
+
+master_keys() {
+  local port sizes=()
+  for port in "${master_ports[@]}"; do
+    sizes+=("$(redis-cli -h 127.0.0.1 -p "$port" dbsize)")
+  done
+  echo "${sizes[*]}"
+}
+
+# Children's CPU seconds (user + system) so far, from the `times` builtin;
+# must run in this shell, not in a subshell. Writes it to the file $1.
+children_cpu() {
+  times >"$1.times"
+  tail -n 1 "$1.times" | awk '{
+    t = 0
+    for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); t += a[1] * 60 + a[2] }
+    print t }' >"$1"
+}
+
+# run_client OUT ERR CMD...: runs the load generator in the background (so
+# that a signal to this script stops it at once), waits for it and sets
+# client_cpu to its CPU seconds and client_rc to its exit code.
+run_client() {
+  local outf=$1 errf=$2
+  shift 2
+  children_cpu "$work/cpu0"
+  "$@" >"$outf" 2>"$errf" &
+  client_pid=$!
+  client_rc=0
+  wait "$client_pid" || client_rc=$?
+  client_pid=""
+  children_cpu "$work/cpu1"
+  client_cpu=$(awk 'NR == FNR { a = $1; next } { printf "%.3f", $1 - a }' "$work/cpu0" "$work/cpu1")
+}
+
+# Results of the last step, set by run_wrk / run_raw.
+declare -A R
+
+# finish_step START_CPU END_CPU START_KEYS END_KEYS WALL_SECONDS CLIENT_CPU_SECONDS
+#             START_DAEMON_COUNTERS END_DAEMON_COUNTERS
+finish_step() {
+  local e0 o0 e1 o1
+  read -r e0 o0 <<<"$7"
+  read -r e1 o1 <<<"$8"
+  R[redis_errors]=$((e1 - e0))
+  R[overloaded]=$((o1 - o0))
+  read -r m0 s0 rm0 rr0 <<<"$1"
+  read -r m1 s1 rm1 rr1 <<<"$2"
+  local k0 k1 wall=$5 client=$6 i deltas=()
+  read -r -a k0 <<<"$3"
+  read -r -a k1 <<<"$4"
+  for i in "${!k1[@]}"; do deltas+=($((k1[i] - k0[i]))); done
+  R[keys]=$(IFS=/; echo "${deltas[*]}")
+  R[keys_sum]=0
+  for i in "${deltas[@]}"; do R[keys_sum]=$((R[keys_sum] + i)); done
+  R[keys_min]=$(printf '%s\n' "${deltas[@]}" | sort -n | head -n 1)
+  # Percent of one core over the measured wall time.
+  read -r 'R[cpu_client]' 'R[cpu_daemon]' 'R[cpu_rmaster]' 'R[cpu_rreplica]' 'R[cpu_other]' 'R[cpu_total]' < <(
+    awk -v hz="$clk_tck" -v wall="$wall" -v cl="$client" \
+      -v m="$((m1 - m0))" -v s="$((s1 - s0))" -v rm="$((rm1 - rm0))" -v rr="$((rr1 - rr0))" 'BEGIN {
+        c = cl * 100 / wall; t = m / hz * 100 / wall
+        d = s / hz * 100 / wall; a = rm / hz * 100 / wall; b = rr / hz * 100 / wall
+        o = t - c - d - a - b; if (o < 0) o = 0
+        printf "%.0f %.0f %.0f %.0f %.0f %.0f\n", c, d, a, b, o, t }')
+}
+
+# with_retries FUNC ARGS...: runs FUNC, which fills R; while other processes
+# took more than 20% of one core and --retries allow, runs it again and keeps
+# the quietest attempt. An INVALID attempt is kept and ends the retries (a
+# quieter attempt must not hide wrong answers).
+attempt=0
+with_retries() {
+  local k
+  local -A best=()
+  attempt=0
+  while :; do
+    "$@"
+    if [[ "${R[valid]}" != ok ]]; then
+      best=()
+      break
+    fi
+    if ((${#best[@]} == 0 || R[cpu_other] < best[cpu_other])); then
+      best=()
+      for k in "${!R[@]}"; do best[$k]=${R[$k]}; done
+    fi
+    ((R[cpu_other] > 20 && attempt < retries)) || break
+    attempt=$((attempt + 1))
+    echo "    noisy (other processes used ${R[cpu_other]}% of a core); measuring again ($attempt of $retries)" >&2
+  done
+  if ((${#best[@]})); then
+    R=()
+    for k in "${!best[@]}"; do R[$k]=${best[$k]}; done
+  fi
+  R[attempts]=$((attempt + 1))
+}
+
+# noisy_mark: appended to the check column when other processes took more
+# than 20% of one core during the step.
+noisy_mark() {
+  if ((R[redis_errors] > 0 || R[overloaded] > 0)); then
+    echo -n "; daemon counted ${R[redis_errors]} Redis errors, ${R[overloaded]} overload refusals"
+  fi
+  if ((R[cpu_other] > 20)); then echo -n "; NOISY: other processes used ${R[cpu_other]}% of a core"; fi
+  if ((${R[attempts]:-1} > 1)); then echo -n "; quietest of ${R[attempts]} attempts"; fi
+  echo
+}
+
+# run_wrk SECTION STEP LUA EXPECT SEATS SHOWS: warm up, then measure with wrk.
+run_wrk() {
+  local section=$1 step=$2 lua=$3 expect=$4 seats=$5 shows=$6
+  local env=(BENCH_EXPECT="$expect" BENCH_SEATS="$seats" BENCH_SHOWS="$shows")
+  local wrk_args=(-t "$threads" -c "$connections" --timeout 5s -s "$lua_dir/$lua" "$url")
+  echo "  $section/$step: warm-up ${warmup}s, then ${duration}s" >&2
+  if ((warmup > 0)); then
+    env "${env[@]}" BENCH_RUN="${run_id}w$step" timeout $((warmup + 30)) \
+      wrk -d "${warmup}s" "${wrk_args[@]}" >"$work/warm.out" 2>&1 ||
+      { cat "$work/warm.out" >&2; die "wrk warm-up of $step failed"; }
+  fi
+  with_retries measure_wrk "$step" "$expect" "$seats" "${env[@]}" -- "${wrk_args[@]}"
+}
+
+# measure_wrk STEP EXPECT SEATS ENV... -- WRK_ARGS...: one measured wrk run.
+measure_wrk() {
+  local step=$1 expect=$2 seats=$3
+  shift 3
+  local env=()
+  while [[ "$1" != -- ]]; do env+=("$1"); shift; done
+  shift
+  local wrk_args=("$@")
+  local c0 c1 k0 k1 d0 d1 t0 t1 rc
+  wait_for_idle
+  k0=$(master_keys)
+  d0=$(daemon_counters)
+  c0=$(cpu_snapshot)
+  t0=$(date +%s%N)
+  run_client "$work/step.out" "$work/step.err" env "${env[@]}" BENCH_RUN="${run_id}m${step}a$attempt" \
+    timeout $((duration + 30)) wrk -d "${duration}s" "${wrk_args[@]}"
+  rc=$client_rc
+  t1=$(date +%s%N)
+  c1=$(cpu_snapshot)
+  k1=$(master_keys)
+  d1=$(daemon_counters)
+  if ((rc != 0)) || ! grep -q '^BENCH' "$work/step.out"; then
+    cat "$work/step.out" "$work/step.err" >&2
+    die "wrk failed in step $step (exit $rc)"
+  fi
+  local client=$client_cpu wall
+  wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN{print (b - a) / 1e9}')
+  R=()
+  local kv
+  while IFS= read -r kv; do
+    R[${kv%%=*}]=${kv#*=}
+  done < <(grep '^BENCH' "$work/step.out" | head -n 1 | tr '\t' '\n' | tail -n +2)
+  finish_step "$c0" "$c1" "$k0" "$k1" "$wall" "$client" "$d0" "$d1"
+  local secs
+  secs=$(awk -v d="${R[duration_us]}" 'BEGIN{print d / 1e6}')
+  R[rps]=$(awk -v n="${R[requests]}" -v s="$secs" 'BEGIN{printf "%.0f", n / s}')
+  R[ok_rps]=$(awk -v n="${R[ok]}" -v s="$secs" 'BEGIN{printf "%.0f", n / s}')
+  R[seats_rps]=$(awk -v n="${R[ok]}" -v k="$seats" -v s="$secs" 'BEGIN{printf "%.0f", n * k / s}')
+  R[p50]=$(awk -v v="${R[p50_us]}" 'BEGIN{printf "%.2f", v / 1000}')
+  R[p99]=$(awk -v v="${R[p99_us]}" 'BEGIN{printf "%.2f", v / 1000}')
+  R[max]=$(awk -v v="${R[max_us]}" 'BEGIN{printf "%.1f", v / 1000}')
+  R[seats]=$seats
+  R[expect]=$expect
+  R[valid]=ok
+  if ((R[not_ok] > 0 || R[socket_errors] > 0 || R[counted] != R[requests] || R[ok] == 0)); then
+    R[valid]="INVALID: ${R[not_ok]} non-$expect, ${R[socket_errors]} socket errors"
+    [[ -z "${R[sample]:-}" ]] || echo "    first unexpected body: ${R[sample]}" >&2
+  fi
+}
+
+# run_raw SECTION STEP: redis-benchmark --cluster SET ... NX PX, sized by a warm-up.
+run_raw() {
+  local section=$1 step=$2
+  local token=3f0c2b9e-0000-4000-8000-000000000000
+  local cmd=(SET 'seat-hold:{tag}:__rand_int__' "$token" NX PX 300000)
+  local args=(-h 127.0.0.1 -p "${master_ports[0]}" --threads "$threads"
+    -c "$connections" -r 2000000000 --csv)
+  # redis-benchmark refuses --cluster with a single master ("Invalid
+  # cluster: 1 node(s)"); that master owns every slot, so plain mode (where
+  # {tag} stays literal, one slot) sends every key to the right node.
+  ((${#master_ports[@]} == 1)) || args+=(--cluster)
+  local warm_n=$((warmup > 0 ? 20000 * warmup : 20000))
+  echo "  $section/$step: warm-up ${warm_n} requests, then about ${duration}s" >&2
+  local line rate n
+  line=$(timeout $((warmup + 60)) redis-benchmark "${args[@]}" -n "$warm_n" "${cmd[@]}" 2>&1 | tail -n 1) ||
+    die "redis-benchmark warm-up failed: $line"
+  rate=$(awk -F'"' '{print int($4)}' <<<"$line")
+  ((rate > 0)) || die "redis-benchmark warm-up gave no rate: $line"
+  n=$((rate * duration))
+  ((n >= 10000)) || n=10000
+  with_retries measure_raw "$step" "$n" "${args[@]}" -- "${cmd[@]}"
+}
+
+# measure_raw STEP N ARGS... -- CMD...: one measured redis-benchmark run.
+measure_raw() {
+  local step=$1 n=$2
+  shift 2
+  local args=()
+  while [[ "$1" != -- ]]; do args+=("$1"); shift; done
+  shift
+  local cmd=("$@")
+  local line c0 c1 k0 k1 d0 d1 t0 t1 rc
+  wait_for_idle
+  k0=$(master_keys)
+  d0=$(daemon_counters)
+  c0=$(cpu_snapshot)
+  t0=$(date +%s%N)
+  run_client "$work/step.out" "$work/step.err" \
+    timeout $((duration * 4 + 30)) redis-benchmark "${args[@]}" -n "$n" "${cmd[@]}"
+  rc=$client_rc
+  t1=$(date +%s%N)
+  c1=$(cpu_snapshot)
+  k1=$(master_keys)
+  d1=$(daemon_counters)
+  line=$(grep '^"SET' "$work/step.out" | tail -n 1 || true)
+  if ((rc != 0)) || [[ -z "$line" ]]; then
+    cat "$work/step.out" "$work/step.err" >&2
+    die "redis-benchmark failed in step $step (exit $rc)"
+  fi
+  local client=$client_cpu wall
+  wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN{print (b - a) / 1e9}')
+  R=()
+  finish_step "$c0" "$c1" "$k0" "$k1" "$wall" "$client" "$d0" "$d1"
+  # "test","rps","avg","min","p50","p95","p99","max"
+  R[rps]=$(awk -F'"' '{printf "%.0f", $4}' <<<"$line")
+  R[ok_rps]=${R[rps]}
+  R[seats_rps]=${R[rps]}
+  R[p50]=$(awk -F'"' '{printf "%.2f", $10}' <<<"$line")
+  R[p99]=$(awk -F'"' '{printf "%.2f", $14}' <<<"$line")
+  R[max]=$(awk -F'"' '{printf "%.1f", $16}' <<<"$line")
+  R[requests]=$n
+  R[seats]=1
+  R[expect]=OK
+  # redis-benchmark does not count replies; what reached Redis is checked
+  # by the keys that appeared on every master (random keys over a space of
+  # 2*10^9 per master, so NX collisions stay far below 1%).
+  R[ok]=${R[keys_sum]}
+  R[not_ok]=$((n - R[keys_sum]))
+  R[statuses]="keys:${R[keys]}"
+  R[socket_errors]=0
+  R[valid]=ok
+  if ((R[keys_min] == 0)); then
+    R[valid]="INVALID: some master got no keys (${R[keys]})"
+  elif ((R[keys_sum] * 100 < n * 99)); then
+    R[valid]="INVALID: only ${R[keys_sum]} of $n SETs wrote a key"
+  fi
+}
+
+# ---------------------------------------------------------------- output
+
+printf 'section\tstep\tmasters\tseats_per_hold\trequests\tok\tnot_ok\tstatuses\treq_per_s\tok_per_s\tseats_per_s\tp50_ms\tp99_ms\tmax_ms\tratio_to_raw\tcpu_client_pct\tcpu_seathold_pct\tcpu_redis_masters_pct\tcpu_redis_replicas_pct\tcpu_other_pct\tkeys_per_master\tdaemon_redis_errors\tdaemon_overloaded\tattempts\tvalid\n' >"$out"
+
+cpu_rows=()
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (b > 0) printf "%.2f", a / b; else print "-" }'; }
+
+record() {
+  local section=$1 step=$2 masters=$3 raw=$4
+  local r
+  r=$(ratio "${R[ok_rps]}" "$raw")
+  R[ratio]=$r
+  R[note]=$(noisy_mark)
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+    "$section" "$step" "$masters" "${R[seats]}" "${R[requests]}" "${R[ok]}" "${R[not_ok]}" "${R[statuses]}" \
+    "${R[rps]}" "${R[ok_rps]}" "${R[seats_rps]}" "${R[p50]}" "${R[p99]}" "${R[max]}" "$r" \
+    "${R[cpu_client]}" "${R[cpu_daemon]}" "${R[cpu_rmaster]}" "${R[cpu_rreplica]}" "${R[cpu_other]}" \
+    "${R[keys]}" "${R[redis_errors]}" "${R[overloaded]}" "${R[attempts]}" "${R[valid]}" >>"$out"
+  cpu_rows+=("$(printf '%-8s %-12s %7s %9s %10s %11s %7s %7s   %s' "$section" "$step" \
+    "${R[cpu_client]}" "${R[cpu_daemon]}" "${R[cpu_rmaster]}" "${R[cpu_rreplica]}" "${R[cpu_other]}" \
+    "${R[cpu_total]}" "${R[keys]}")")
+}
+
+# A speed, or the INVALID mark instead of it.
+speed() { if [[ "${R[valid]}" == ok ]]; then echo "$1"; else echo "INVALID"; fi; }
+
+main_lines=()
+growth_lines=()
+masters_lines=()
+
+# ---------------------------------------------------------------- run
+
+start=$SECONDS
+echo "seathold benchmark: ${duration}s per step (+${warmup}s warm-up), $connections connections, $threads client threads, $ncpu CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+
+if has_section main || has_section growth; then
+  start_daemon 3
+  raw3=""
+  if has_section main; then
+    run_raw main raw
+    raw3=${R[ok_rps]}
+    record main raw 3 "$raw3"
+    main_lines+=("$(printf '%-6s %-46s %9s %9s %8s %8s %6s %6s  %s' raw "SET {tag}:<rand> NX PX (redis-benchmark)" \
+      "$(speed "${R[ok_rps]}")" "$(speed "${R[seats_rps]}")" "${R[p50]}" "${R[p99]}" 1.00 1.00 "${R[valid]} (keys/master ${R[keys]})${R[note]}")")
+    for spec in "hold1 hold1.lua 201 1 1000000 POST .../seats/{seat}/hold, random show" \
+      "hold4 holds.lua 201 4 1000000 POST .../holds, 4 seats, random show" \
+      "hot1 hold1.lua 201 1 0 POST .../seats/{seat}/hold, one hot show" \
+      "hot4 holds.lua 201 4 0 POST .../holds, 4 seats, one hot show" \
+      "read read.lua 200 1 1000000 GET .../seats/{seat}, random show"; do
+      read -r step lua expect seats shows what <<<"$spec"
+      run_wrk main "$step" "$lua" "$expect" "$seats" "$shows"
+      record main "$step" 3 "$raw3"
+      main_lines+=("$(printf '%-6s %-46s %9s %9s %8s %8s %6s %6s  %s' "$step" "$what" \
+        "$(speed "${R[ok_rps]}")" "$(speed "${R[seats_rps]}")" "${R[p50]}" "${R[p99]}" \
+        "$(speed "${R[ratio]}")" "$(speed "$(ratio "${R[seats_rps]}" "$raw3")")" \
+        "${R[valid]} (${R[statuses]}; max ${R[max]} ms)${R[note]}")")
+    done
+  fi
+  if has_section growth; then
+    if [[ -z "$raw3" ]]; then
+      run_raw growth raw
+      raw3=${R[ok_rps]}
+      record growth raw 3 "$raw3"
+    fi
+    base=""
+    for n in 1 2 4 8 16 20; do
+      run_wrk growth "n$n" holds.lua 201 "$n" 1000000
+      record growth "n$n" 3 "$raw3"
+      if [[ -z "$base" && "${R[valid]}" == ok ]]; then base=${R[seats_rps]}; fi
+      cost=$(if [[ -n "$base" ]]; then ratio "$base" "${R[seats_rps]}"; else echo -; fi)
+      growth_lines+=("$(printf '%4s %9s %9s %8s %8s %13s %10s  %s' "$n" "$(speed "${R[ok_rps]}")" \
+        "$(speed "${R[seats_rps]}")" "${R[p50]}" "${R[p99]}" "$(speed "$cost")" \
+        "$(speed "$(ratio "${R[seats_rps]}" "$raw3")")" "${R[valid]} (${R[statuses]}; max ${R[max]} ms)${R[note]}")")
+    done
+  fi
+  stop_daemon
+fi
+
+if has_section masters; then
+  for m in 1 3; do
+    start_daemon "$m"
+    run_raw masters "raw-m$m"
+    raw=${R[ok_rps]}
+    record masters "raw-m$m" "$m" "$raw"
+    rawline=("$(speed "$raw")" "${R[p50]}" "${R[p99]}" "${R[valid]}${R[note]}")
+    run_wrk masters "hold1-m$m" hold1.lua 201 1 1000000
+    record masters "hold1-m$m" "$m" "$raw"
+    masters_lines+=("$(printf '%7s %10s %7s %7s %10s %7s %7s %7s  %s' "$m" "${rawline[0]}" "${rawline[1]}" \
+      "${rawline[2]}" "$(speed "${R[ok_rps]}")" "${R[p50]}" "${R[p99]}" "$(speed "${R[ratio]}")" \
+      "raw ${rawline[3]}; holds ${R[valid]} (${R[statuses]}; max ${R[max]} ms)${R[note]}")")
+    stop_daemon
+  done
+fi
+
+# ---------------------------------------------------------------- report
+
+echo
+echo "seathold benchmark, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -m), $ncpu CPUs (shared by clients, daemon and Redis; nothing pinned)"
+echo "${duration}s per step after ${warmup}s warm-up; $connections connections; $threads wrk threads / redis-benchmark threads; $replicas replica(s) per master; $("$bin" --version 2>/dev/null || echo seathold); $(redis-server --version | awk '{print $3}')"
+if ((${#main_lines[@]})); then
+  echo
+  echo "Side by side, 3 masters (latency in ms; x raw = per second divided by raw SET/s)"
+  printf '%-6s %-46s %9s %9s %8s %8s %6s %6s  %s\n' step what "holds/s" "seats/s" p50 p99 "x raw" "seats" "check"
+  printf '%s\n' "${main_lines[@]}"
+fi
+if ((${#growth_lines[@]})); then
+  echo
+  echo "Growth: N-seat holds over POST /v1/shows/{show}/holds, random shows, 3 masters"
+  printf '%4s %9s %9s %8s %8s %13s %10s  %s\n' N "holds/s" "seats/s" p50 p99 "cost/seat/N1" "seats/raw" check
+  printf '%s\n' "${growth_lines[@]}"
+fi
+if ((${#masters_lines[@]})); then
+  echo
+  echo "Masters: single-seat holds (random shows) on fresh clusters"
+  printf '%7s %10s %7s %7s %10s %7s %7s %7s  %s\n' masters "raw SET/s" p50 p99 "holds/s" p50 p99 "x raw" check
+  printf '%s\n' "${masters_lines[@]}"
+fi
+echo
+echo "CPU during each measured step, percent of one core (max $((ncpu * 100))); client = wrk or redis-benchmark"
+printf '%-8s %-12s %7s %9s %10s %11s %7s %7s   %s\n' section step client seathold "redis-mstr" "redis-repl" other total "keys added per master"
+printf '%s\n' "${cpu_rows[@]}"
+echo
+cat <<'EOF'
+Notes: "x raw" is holds/s (reads/s) divided by the raw SET/s of the same
+cluster, "seats" the same for seats/s; "cost/seat/N1" is the cost of one
+seat relative to single-seat holds (seats/s at N=1 / seats/s at N).
+A step with any answer other than 201 (200 for reads) or any socket error is
+INVALID and shows no speed. NOISY: processes other than ours took that much
+CPU during the step. raw: redis-benchmark --cluster routes only keys whose
+hash tag is its {tag} placeholder (it puts there a tag of one slot of each
+master); a hash tag holding __rand_int__ gets MOVED, which it does not
+follow, so the raw keys are seat-hold:{<tag>}:<random>, checked by the keys
+that appeared on every master.
+EOF
+echo "machine-readable results: $out   (total time $((SECONDS - start)) s)"
+if grep -q 'INVALID' "$out"; then
+  echo "some steps are INVALID (see the check column)"
+fi
