@@ -13,6 +13,9 @@
 -- the token is in its key. One string rather than a hash: one write (SET
 -- with PX) instead of HSET plus PEXPIRE, for the master and every replica.
 --
+-- A single seat is checked and taken by one SET NX PX, as the reference
+-- design does; several are all checked with GET before any is written.
+--
 -- Returns {1, fence, pttl_ms, now_ms} when every seat was free and is now
 -- held; otherwise {0, i, state, pttl_ms, ...} for every taken seat (i is its
 -- 1-based position in the request, state 1 = held, 2 = sold) and writes
@@ -20,19 +23,36 @@
 local fences = tonumber(ARGV[3])
 local first = 2 + fences
 
-local taken = {0}
-for i = first, #KEYS do
-  local v = redis.call('GET', KEYS[i])
-  if v then
-    local state = 1
-    if string.sub(v, 1, 5) == 'sold:' then state = 2 end
-    taken[#taken + 1] = i - first + 1
-    taken[#taken + 1] = state
-    taken[#taken + 1] = redis.call('PTTL', KEYS[i])
-  end
+-- The state of a seat that is taken: {i, state, pttl_ms}.
+local function taken_seat(i, v)
+  local state = 1
+  if string.sub(v, 1, 5) == 'sold:' then state = 2 end
+  return i - first + 1, state, redis.call('PTTL', KEYS[i])
 end
-if #taken > 1 then
-  return taken
+
+if #KEYS == first then
+  -- One seat: SET NX checks and takes it in one call.
+  if not redis.call('SET', KEYS[first], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    local v = redis.call('GET', KEYS[first]) or ''
+    return {0, taken_seat(first, v)}
+  end
+else
+  local taken = {0}
+  for i = first, #KEYS do
+    local v = redis.call('GET', KEYS[i])
+    if v then
+      local n, state, pttl = taken_seat(i, v)
+      taken[#taken + 1] = n
+      taken[#taken + 1] = state
+      taken[#taken + 1] = pttl
+    end
+  end
+  if #taken > 1 then
+    return taken
+  end
+  for i = first, #KEYS do
+    redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+  end
 end
 
 local fence
@@ -50,10 +70,6 @@ else
   for i = 2, first - 1 do
     redis.call('SET', KEYS[i], string.format('%d', fence))
   end
-end
-
-for i = first, #KEYS do
-  redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
 end
 
 local t = redis.call('TIME')
