@@ -14,7 +14,7 @@
 -- with PX) instead of HSET plus PEXPIRE, for the master and every replica.
 --
 -- A single seat is checked and taken by one SET NX PX, as the reference
--- design does; several are all checked with GET before any is written.
+-- design does; several are all checked with one MGET before any is written.
 --
 -- Returns {1, fence, pttl_ms, now_ms} when every seat was free and is now
 -- held; otherwise {0, i, state, pttl_ms, ...} for every taken seat (i is its
@@ -38,8 +38,9 @@ if #KEYS == first then
   end
 else
   local taken = {0}
+  local values = redis.call('MGET', unpack(KEYS, first))
   for i = first, #KEYS do
-    local v = redis.call('GET', KEYS[i])
+    local v = values[i - first + 1]
     if v then
       local n, state, pttl = taken_seat(i, v)
       taken[#taken + 1] = n
