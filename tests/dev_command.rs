@@ -17,7 +17,11 @@ fn free_port() -> u16 {
 /// Whether a process with this pid is alive (zombies count as gone).
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| s.split_whitespace().nth(2).is_some_and(|state| state != "Z"))
+        .map(|s| {
+            s.split_whitespace()
+                .nth(2)
+                .is_some_and(|state| state != "Z")
+        })
         .unwrap_or(false)
 }
 
