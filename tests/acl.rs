@@ -93,17 +93,8 @@ async fn works_as_the_least_privileged_acl_user() {
         )
         .await;
     assert_eq!(status, 201);
-    common::eventually(
-        Duration::from_secs(15),
-        "the expiry to be counted as the ACL user",
-        || async {
-            s.metrics()
-                .await
-                .lines()
-                .any(|l| l == "seathold_hold_expiries_total 1")
-        },
-    )
-    .await;
+    s.wait_metric("seathold_hold_expiries_total", 1.0, Duration::from_secs(15))
+        .await;
 
     // The user can do nothing else.
     let mut direct = redis::Client::open(format!(

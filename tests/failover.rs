@@ -12,12 +12,6 @@ use serde_json::Value;
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn counter(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test]
 async fn master_killed_under_load_fails_over_and_counts_expiries_on_the_new_master() {
     let _serial = SERIAL.lock().await;
@@ -138,13 +132,14 @@ async fn master_killed_under_load_fails_over_and_counts_expiries_on_the_new_mast
         .await
         .expect("new master");
     assert_ne!(new_master, master);
-    common::eventually(
+    // A subscription to the new master.
+    s.wait_metric(
+        "seathold_expiry_subscriptions",
+        3.0,
         Duration::from_secs(10),
-        "a subscription to the new master",
-        || async { counter(&s.metrics().await, "seathold_expiry_subscriptions") >= 3.0 },
     )
     .await;
-    let before = counter(&s.metrics().await, "seathold_hold_expiries_total");
+    let before = s.metric("seathold_hold_expiries_total").await;
     let (status, _) = s
         .post(
             &format!("/v1/shows/{sh}/seats/short/hold"),
@@ -152,10 +147,11 @@ async fn master_killed_under_load_fails_over_and_counts_expiries_on_the_new_mast
         )
         .await;
     assert_eq!(status, 201);
-    common::eventually(
+    // The expiry on the new master is counted.
+    s.wait_metric(
+        "seathold_hold_expiries_total",
+        before + 1.0,
         Duration::from_secs(15),
-        "the expiry on the new master to be counted",
-        || async { counter(&s.metrics().await, "seathold_hold_expiries_total") >= before + 1.0 },
     )
     .await;
 

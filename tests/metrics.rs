@@ -30,14 +30,10 @@ async fn counters_follow_a_known_sequence() {
     let sh = show("metrics");
     let other = show("metrics-x");
     // Expiry events are only seen once every master's subscription is up.
-    common::eventually(
+    s.wait_metric(
+        "seathold_expiry_subscriptions",
+        3.0,
         Duration::from_secs(10),
-        "expiry subscriptions on all 3 masters",
-        || async {
-            s.metrics()
-                .await
-                .contains("seathold_expiry_subscriptions 3")
-        },
     )
     .await;
     let subscribed = std::time::Instant::now();

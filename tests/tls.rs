@@ -324,14 +324,10 @@ async fn the_api_works_over_tls() {
 
     let s = common::server_with(options(seeds, Some(ca_file()))).await;
     // Expiry events are only seen once every master's subscription is up.
-    common::eventually(
+    s.wait_metric(
+        "seathold_expiry_subscriptions",
+        3.0,
         Duration::from_secs(10),
-        "expiry subscriptions on all 3 masters",
-        || async {
-            s.metrics()
-                .await
-                .contains("seathold_expiry_subscriptions 3")
-        },
     )
     .await;
 
@@ -394,17 +390,8 @@ async fn the_api_works_over_tls() {
         )
         .await;
     assert_eq!(status, 201, "{short}");
-    common::eventually(
-        Duration::from_secs(10),
-        "seathold_hold_expiries_total 1",
-        || async {
-            s.metrics()
-                .await
-                .lines()
-                .any(|l| l == "seathold_hold_expiries_total 1")
-        },
-    )
-    .await;
+    s.wait_metric("seathold_hold_expiries_total", 1.0, Duration::from_secs(10))
+        .await;
     let (_, seat) = s.get(&format!("/v1/shows/{sh}/seats/G1")).await;
     assert_eq!(seat["state"], "free", "{seat}");
 

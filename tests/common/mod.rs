@@ -170,6 +170,23 @@ impl TestServer {
             .expect("text")
     }
 
+    /// The value of an unlabelled series in `/metrics` (0 when absent).
+    pub async fn metric(&self, name: &str) -> f64 {
+        self.metrics()
+            .await
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// Waits until the series `name` reaches at least `value`.
+    pub async fn wait_metric(&self, name: &str, value: f64, limit: Duration) {
+        eventually(limit, &format!("{name} >= {value}"), || async {
+            self.metric(name).await >= value
+        })
+        .await;
+    }
+
     /// Stops the server (graceful shutdown) and waits for it.
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
