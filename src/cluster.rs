@@ -527,6 +527,13 @@ impl Cluster {
         }
     }
 
+    /// Drops the idle dedicated connections to `addr`, after one failed.
+    pub fn forget(&self, addr: &str) {
+        if let Ok(mut pool) = self.confirm_pool.lock() {
+            pool.remove(addr);
+        }
+    }
+
     /// Forces a fresh slot map, after a MOVED or a failed node.
     pub async fn refresh_topology(&self) {
         if let Err(why) = self.probe().await {

@@ -534,10 +534,13 @@ impl Service {
                             // The slot moved (failover, resharding), or this
                             // node was demoted to replica: learn the new
                             // owner and try there.
+                            self.cluster.forget(&addr);
                             self.cluster.refresh_topology().await;
                             continue;
                         }
                         Err(e) => {
+                            // Its idle siblings are likely as dead as it is.
+                            self.cluster.forget(&addr);
                             self.cluster.refresh_topology().await;
                             return Err(e.into());
                         }
