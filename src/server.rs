@@ -239,14 +239,25 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// Prints a line of `seathold dev`'s banner. Unlike `println!` it does not
+/// panic when stdout is closed (`seathold dev | head`): the banner is a
+/// courtesy, not worth dying for.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 /// `seathold dev`: a local cluster, the API on it, and a clean stop.
 pub async fn dev(dev: DevOptions, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
     let mut opts = dev.options;
     opts.validate()?;
     let listener = bind(&opts).await?;
-    println!(
+    say!(
         "starting a local Redis Cluster ({} masters, {} replicas each)...",
-        dev.masters, dev.replicas
+        dev.masters,
+        dev.replicas
     );
     let cluster = crate::dev::LocalCluster::start(crate::dev::ClusterOptions {
         masters: usize::from(dev.masters),
@@ -259,13 +270,13 @@ pub async fn dev(dev: DevOptions, shutdown: impl Future<Output = ()>) -> Result<
     // Nothing balances load in front of a dev server: stop at once.
     opts.shutdown_drain_ms = 0;
     let url = format!("http://{}", listener.local_addr().unwrap_or(opts.listen));
-    println!("Redis Cluster nodes: {}", opts.redis_nodes.join(","));
-    println!("Redis data folder:   {}", cluster.dir().display());
-    println!("seathold is serving on {url}  (Ctrl-C stops it and the cluster)\n");
-    println!("  curl -s -XPOST {url}/v1/shows/42/holds -H 'content-type: application/json' -d '{{\"seats\":[\"E7\",\"E8\"]}}'");
-    println!("  curl -s {url}/v1/shows/42/seats/E7\n");
+    say!("Redis Cluster nodes: {}", opts.redis_nodes.join(","));
+    say!("Redis data folder:   {}", cluster.dir().display());
+    say!("seathold is serving on {url}  (Ctrl-C stops it and the cluster)\n");
+    say!("  curl -s -XPOST {url}/v1/shows/42/holds -H 'content-type: application/json' -d '{{\"seats\":[\"E7\",\"E8\"]}}'");
+    say!("  curl -s {url}/v1/shows/42/seats/E7\n");
     let result = run(opts, listener, shutdown).await;
-    println!("stopping the local Redis Cluster...");
+    say!("stopping the local Redis Cluster...");
     cluster.stop();
     result
 }

@@ -4,8 +4,7 @@
 //! process exits without dropping its cluster.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -192,20 +191,6 @@ fn port_answers(port: u16) -> bool {
         Duration::from_millis(200),
     )
     .is_ok()
-}
-
-/// Polls `gone` for up to `timeout`.
-fn eventually(timeout: Duration, mut gone: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if gone() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[tokio::test]
@@ -514,85 +499,4 @@ async fn a_node_that_cannot_start_is_reported_with_its_log() {
     // redis-server's own complaint, quoted from the node's log.
     assert!(msg.contains("seathold-no-such-directive"), "{msg}");
     eprintln!("{msg}");
-}
-
-/// A `seathold dev` killed with SIGKILL cannot stop its cluster; the
-/// watchdog beside each redis-server must (as for a test binary whose
-/// `static` cluster is never dropped).
-#[test]
-fn a_cluster_whose_process_is_killed_is_cleaned_up() {
-    use std::io::{BufRead, BufReader};
-    let mut child = Command::new(env!("CARGO_BIN_EXE_seathold"))
-        .args([
-            "dev",
-            "--listen",
-            "127.0.0.1:0",
-            "--masters",
-            "1",
-            "--replicas",
-            "1",
-        ])
-        .env("SEATHOLD_LOG", "warn")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn seathold dev");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines().map_while(Result::ok);
-    let mut banner = Vec::new();
-    for line in lines.by_ref() {
-        let done = line.contains("serving on");
-        banner.push(line);
-        if done {
-            break;
-        }
-    }
-    let field = |name: &str| {
-        banner
-            .iter()
-            .find_map(|l| l.strip_prefix(name))
-            .map(|v| v.trim().to_owned())
-            .unwrap_or_else(|| panic!("no {name} in the banner: {banner:#?}"))
-    };
-    let ports: Vec<u16> = field("Redis Cluster nodes:")
-        .split(',')
-        .map(|u| {
-            u.rsplit(':')
-                .next()
-                .and_then(|p| p.parse().ok())
-                .expect("a port")
-        })
-        .collect();
-    let dir = PathBuf::from(field("Redis data folder:"));
-    assert_eq!(ports.len(), 2, "{banner:#?}");
-    let pids: Vec<u32> = std::fs::read_dir("/proc")
-        .expect("/proc")
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-                c.contains("redis-server") && ports.iter().any(|p| c.contains(&format!(":{p}")))
-            })
-        })
-        .collect();
-    assert_eq!(pids.len(), 2, "the dev cluster's redis-servers");
-
-    child.kill().expect("SIGKILL seathold dev");
-    let _ = child.wait();
-    assert!(
-        eventually(Duration::from_secs(5), || pids
-            .iter()
-            .all(|&p| !process_alive(p))),
-        "redis-servers {pids:?} outlived their owner"
-    );
-    assert!(
-        eventually(Duration::from_secs(5), || ports
-            .iter()
-            .all(|&p| !port_answers(p))),
-        "ports {ports:?} still answer"
-    );
-    assert!(
-        eventually(Duration::from_secs(5), || !Path::new(&dir).exists()),
-        "{} was left behind",
-        dir.display()
-    );
 }

@@ -1,11 +1,137 @@
 //! `seathold dev`, the quick start's first command, as a user runs it: it
 //! starts a local cluster, serves the API, prints the URL and example curl
 //! calls, and on Ctrl-C stops every redis-server it started and removes its
-//! folder. Without `redis-server` on PATH it says how to install it.
+//! folder; killed outright, the watchdogs beside its redis-servers clean up
+//! instead. Without `redis-server` on PATH it says how to install it.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// A running `seathold dev` and what its banner told.
+struct DevRun {
+    child: Child,
+    banner: String,
+    url: String,
+    folder: PathBuf,
+    ports: Vec<u16>,
+    /// The redis-servers listening on `ports`.
+    pids: Vec<u32>,
+}
+
+impl Drop for DevRun {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `seathold dev` with `args` and reads its banner.
+fn start_dev(args: &[&str]) -> DevRun {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_seathold"))
+        .arg("dev")
+        .args(args)
+        .env("SEATHOLD_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn seathold dev");
+    let stdout = child.stdout.take().expect("stdout");
+    // Read on a thread so that a silent child cannot hang the test.
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        // Keep draining after the banner: a closed pipe would make the
+        // daemon's later output fail.
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !lines.iter().any(|l: &String| l.contains("curl -s http")) {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => lines.push(line),
+            Err(_) => panic!("no banner from seathold dev; so far: {lines:#?}"),
+        }
+    }
+    let banner = lines.join("\n");
+    let field = |name: &str| {
+        lines
+            .iter()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_else(|| panic!("no {name:?} in the banner:\n{banner}"))
+    };
+    let url = field("seathold is serving on")
+        .split_whitespace()
+        .next()
+        .expect("a URL")
+        .to_owned();
+    let folder = PathBuf::from(field("Redis data folder:"));
+    let ports: Vec<u16> = field("Redis Cluster nodes:")
+        .split(',')
+        .filter_map(|u| u.trim().rsplit(':').next()?.parse().ok())
+        .collect();
+    let pids = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                c.contains("redis-server") && ports.iter().any(|p| c.contains(&format!(":{p}")))
+            })
+        })
+        .collect();
+    DevRun {
+        child,
+        banner,
+        url,
+        folder,
+        ports,
+        pids,
+    }
+}
+
+/// Whether a process with this pid is alive (zombies count as gone).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state != "Z" && state != "X")
+        })
+        .unwrap_or(false)
+}
+
+fn port_answers(port: u16) -> bool {
+    std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200))
+        .is_ok()
+}
+
+/// Asserts that within 10 s the run's redis-servers are gone, their ports
+/// closed and the folder removed.
+fn assert_cleaned_up(run: &DevRun) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let gone = || {
+        run.pids.iter().all(|&p| !alive(p))
+            && run.ports.iter().all(|&p| !port_answers(p))
+            && !run.folder.exists()
+    };
+    while !gone() {
+        assert!(
+            Instant::now() < deadline,
+            "left behind: live {:?}, open {:?}, folder {} exists: {}",
+            run.pids.iter().filter(|&&p| alive(p)).collect::<Vec<_>>(),
+            run.ports
+                .iter()
+                .filter(|&&p| port_answers(p))
+                .collect::<Vec<_>>(),
+            run.folder.display(),
+            run.folder.exists()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -14,66 +140,24 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
-/// Whether a process with this pid is alive (zombies count as gone).
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            s.split_whitespace()
-                .nth(2)
-                .is_some_and(|state| state != "Z")
-        })
-        .unwrap_or(false)
-}
-
 #[tokio::test]
 async fn dev_serves_against_its_own_cluster_and_cleans_up_on_ctrl_c() {
     let port = free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_seathold"))
-        .args(["dev", "--listen", &format!("127.0.0.1:{port}")])
-        .env("SEATHOLD_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn seathold dev");
-    let stdout = child.stdout.take().expect("stdout");
-    // Read the banner on a thread: its lines name the nodes and the folder.
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut banner = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !banner.iter().any(|l: &String| l.contains("curl -s http")) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) => banner.push(line),
-            Err(_) => panic!("no banner from seathold dev; so far: {banner:#?}"),
-        }
-    }
-    let text = banner.join("\n");
+    let mut run = start_dev(&["--listen", &format!("127.0.0.1:{port}")]);
     let url = format!("http://127.0.0.1:{port}");
-    assert!(text.contains(&format!("serving on {url}")), "{text}");
+    assert_eq!(run.url, url, "{}", run.banner);
     assert!(
-        text.contains("curl -s -XPOST") && text.contains("/v1/shows/42/holds"),
-        "{text}"
+        run.banner.contains("curl -s -XPOST") && run.banner.contains("/v1/shows/42/holds"),
+        "{}",
+        run.banner
     );
-    let folder = text
-        .lines()
-        .find_map(|l| l.strip_prefix("Redis data folder:"))
-        .map(|f| std::path::PathBuf::from(f.trim()))
-        .expect("the data folder in the banner");
-    let ports: Vec<u16> = text
-        .lines()
-        .find_map(|l| l.strip_prefix("Redis Cluster nodes:"))
-        .expect("the nodes in the banner")
-        .split(',')
-        .filter_map(|u| u.trim().rsplit(':').next()?.parse().ok())
-        .collect();
-    assert_eq!(ports.len(), 6, "three masters and three replicas: {text}");
+    assert_eq!(
+        run.ports.len(),
+        6,
+        "three masters and three replicas: {}",
+        run.banner
+    );
+    assert_eq!(run.pids.len(), 6, "six redis-servers on the banner's ports");
 
     // The API works against it.
     let http = reqwest::Client::new();
@@ -108,25 +192,15 @@ async fn dev_serves_against_its_own_cluster_and_cleans_up_on_ctrl_c() {
         .expect("json");
     assert_eq!(state["state"], "held");
 
-    // The redis-servers are this run's, and they go away with it.
-    let pids: Vec<u32> = std::fs::read_dir("/proc")
-        .expect("/proc")
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-                c.contains("redis-server") && ports.iter().any(|p| c.contains(&format!(":{p}")))
-            })
-        })
-        .collect();
-    assert_eq!(pids.len(), 6, "six redis-servers on the banner's ports");
+    // Ctrl-C: a clean exit, and nothing left behind.
     let ok = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args(["-INT", &run.child.id().to_string()])
         .status()
         .is_ok_and(|s| s.success());
     assert!(ok, "send Ctrl-C");
     let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
+        if let Some(status) = run.child.try_wait().expect("wait") {
             break status;
         }
         assert!(
@@ -136,10 +210,27 @@ async fn dev_serves_against_its_own_cluster_and_cleans_up_on_ctrl_c() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "exit status {status:?}");
-    for pid in pids {
-        assert!(!alive(pid), "redis-server {pid} outlived seathold dev");
-    }
-    assert!(!folder.exists(), "{} was not removed", folder.display());
+    assert_cleaned_up(&run);
+}
+
+/// Killed outright, `seathold dev` cannot stop its cluster: the watchdog
+/// beside each redis-server must, as for a test binary whose `static`
+/// cluster is never dropped.
+#[test]
+fn a_killed_dev_leaves_nothing_behind() {
+    let mut run = start_dev(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--masters",
+        "1",
+        "--replicas",
+        "1",
+    ]);
+    assert_eq!(run.ports.len(), 2, "{}", run.banner);
+    assert_eq!(run.pids.len(), 2, "the dev cluster's redis-servers");
+    run.child.kill().expect("SIGKILL seathold dev");
+    let _ = run.child.wait();
+    assert_cleaned_up(&run);
 }
 
 #[test]
