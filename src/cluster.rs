@@ -7,7 +7,7 @@
 //! reachable, and is simply not ready until it is.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -131,9 +131,6 @@ pub struct Cluster {
     ready: AtomicBool,
     /// The last readiness verdict, for logs and `/readyz`.
     reason: Mutex<String>,
-    /// Milliseconds since `started` of the last successful round trip.
-    last_ok_ms: AtomicU64,
-    started: Instant,
     topology_changed: watch::Sender<Arc<Topology>>,
 }
 
@@ -204,8 +201,6 @@ impl Cluster {
             timeout: opts.timeout,
             ready: AtomicBool::new(false),
             reason: Mutex::new("not connected to Redis Cluster yet".into()),
-            last_ok_ms: AtomicU64::new(0),
-            started: Instant::now(),
             topology_changed,
         }))
     }
@@ -278,9 +273,7 @@ impl Cluster {
                 tracing::warn!(kind = fault.label(), %detail, "Redis request failed");
             }
             Err(Error::Internal(detail)) => tracing::error!(%detail, "unexpected Redis reply"),
-            _ => {
-                self.last_ok_ms.store(self.elapsed_ms(), Ordering::Relaxed);
-            }
+            _ => {}
         }
         metrics::histogram!(crate::metrics::REDIS_DURATION, "op" => op)
             .record(start.elapsed().as_secs_f64());
@@ -300,10 +293,6 @@ impl Cluster {
             Ok(script.run(&mut conn, keys, args).await?)
         })
         .await
-    }
-
-    fn elapsed_ms(&self) -> u64 {
-        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     /// Background work: connect (and reconnect), keep the slot map and
@@ -364,8 +353,9 @@ impl Cluster {
         }
     }
 
-    /// One readiness probe: the slot map covers every slot, every master
-    /// has the scripts, and the cluster reports itself ok.
+    /// One readiness probe, itself the round trip that proves Redis answers:
+    /// a fresh slot map (installed, with scripts loaded on new masters) that
+    /// covers every slot, and a node that reports `cluster_state:ok`.
     async fn probe(&self) -> Result<(), String> {
         let mut conn = self.conn().map_err(|e| e.to_string())?;
         let work = async {
@@ -399,7 +389,6 @@ impl Cluster {
         if covered != u32::from(SLOTS) {
             return Err(format!("only {covered} of 16384 slots are served"));
         }
-        self.last_ok_ms.store(self.elapsed_ms(), Ordering::Relaxed);
         Ok(())
     }
 
