@@ -193,8 +193,9 @@ async fn dev_serves_against_its_own_cluster_and_cleans_up_on_ctrl_c() {
     assert_eq!(state["state"], "held");
 
     // Ctrl-C: a clean exit, and nothing left behind.
-    let ok = Command::new("kill")
-        .args(["-INT", &run.child.id().to_string()])
+    // The shell's kill builtin: no procps needed.
+    let ok = Command::new("/bin/sh")
+        .args(["-c", &format!("kill -INT {}", run.child.id())])
         .status()
         .is_ok_and(|s| s.success());
     assert!(ok, "send Ctrl-C");

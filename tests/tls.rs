@@ -1,6 +1,6 @@
 //! TLS to Redis (`rediss://`) end to end: a 3-master, 1-replica cluster whose
-//! nodes also serve TLS, with a throwaway CA and node certificate made by the
-//! `openssl` command-line tool; seathold seeded with the `rediss://` URLs and
+//! nodes also serve TLS, with a throwaway CA and node certificate made
+//! in-process (rcgen); seathold seeded with the `rediss://` URLs and
 //! `--redis-ca-file` serves the whole API over it (holds, reads, extend,
 //! confirm with `WAIT` on a dedicated connection, release, expiry events),
 //! and `CLIENT LIST` shows that its connections are on the TLS ports. Without
@@ -9,14 +9,13 @@
 //! TLS ports: nodes name them in `CLUSTER SLOTS` to TLS clients (and the plain
 //! ports to plain clients).
 //!
-//! The tests fail (never skip) when `openssl` or `redis-server` is missing,
-//! with a message saying how to install it.
+//! The tests fail (never skip) when `redis-server` is missing, with a
+//! message saying how to install it.
 
 mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -49,110 +48,47 @@ fn cluster() -> &'static LocalCluster {
     })
 }
 
-/// `openssl` from PATH, or a failure that says how to get it.
-fn openssl() -> PathBuf {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join("openssl"))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "the TLS tests need the `openssl` command-line tool to make test certificates, \
-                 and it was not found on PATH; install it, e.g. `sudo apt-get install openssl` \
-                 (Debian/Ubuntu) or `brew install openssl` (macOS)"
-            )
-        })
-}
-
-/// Runs `openssl` with `args` in `dir`; panics with its output on failure.
-fn run_openssl(openssl: &Path, dir: &Path, args: &[&str]) {
-    let out = Command::new(openssl)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", openssl.display()));
-    assert!(
-        out.status.success(),
-        "`openssl {}` failed ({}):\n{}{}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Our own openssl config, so the system's `openssl.cnf` (whose defaults
-/// differ between distributions and LibreSSL) plays no part.
-const OPENSSL_CNF: &str = "\
-[req]
-distinguished_name = dn
-prompt = no
-
-[dn]
-CN = seathold test
-
-[ca]
-basicConstraints = critical,CA:TRUE
-keyUsage = critical,keyCertSign,cRLSign
-subjectKeyIdentifier = hash
-
-[node]
-basicConstraints = critical,CA:FALSE
-keyUsage = critical,digitalSignature,keyEncipherment
-extendedKeyUsage = serverAuth,clientAuth
-subjectAltName = IP:127.0.0.1,DNS:localhost
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid
-";
-
-/// A CA and a node certificate it signed (P-256 keys, valid for two days,
-/// for `127.0.0.1` and `localhost`, usable as server and as client
-/// certificate, as the cluster bus needs), written into `dir`.
+/// A CA and a node certificate it signed (P-256 keys, for `127.0.0.1` and
+/// `localhost`, usable as server and as client certificate, as the cluster
+/// bus needs), written into `dir`. Made in-process with rcgen, so the tests
+/// need nothing beyond Rust and redis-server.
 fn make_certificates(dir: &Path) -> TlsFiles {
-    let openssl = openssl();
-    std::fs::write(dir.join("openssl.cnf"), OPENSSL_CNF).expect("writing openssl.cnf");
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
-    let common = ["-nodes", "-config", "openssl.cnf"];
-    let mut ca = vec!["req", "-x509", "-days", "2", "-extensions", "ca"];
-    ca.extend(ec);
-    ca.extend(common);
-    ca.extend(["-subj", "/CN=seathold test CA", "-keyout", "ca.key"]);
-    ca.extend(["-out", "ca.crt"]);
-    run_openssl(&openssl, dir, &ca);
-    let mut csr = vec!["req", "-new"];
-    csr.extend(ec);
-    csr.extend(common);
-    csr.extend(["-subj", "/CN=localhost", "-keyout", "node.key"]);
-    csr.extend(["-out", "node.csr"]);
-    run_openssl(&openssl, dir, &csr);
-    run_openssl(
-        &openssl,
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "node.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-set_serial",
-            "1",
-            "-days",
-            "2",
-            "-extfile",
-            "openssl.cnf",
-            "-extensions",
-            "node",
-            "-out",
-            "node.crt",
-        ],
-    );
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+        IsCa, KeyPair, KeyUsagePurpose,
+    };
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    ca.distinguished_name
+        .push(DnType::CommonName, "seathold test CA");
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("CA key"))
+        .expect("CA certificate");
+
+    let mut node = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+        .expect("node parameters");
+    node.distinguished_name
+        .push(DnType::CommonName, "localhost");
+    node.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    node.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let node_key = KeyPair::generate().expect("node key");
+    let node_cert = node.signed_by(&node_key, &ca).expect("node certificate");
+
+    let write = |name: &str, pem: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, pem).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        path
+    };
     TlsFiles {
-        cert: dir.join("node.crt"),
-        key: dir.join("node.key"),
-        ca: dir.join("ca.crt"),
+        ca: write("ca.crt", ca.pem()),
+        cert: write("node.crt", node_cert.pem()),
+        key: write("node.key", node_key.serialize_pem()),
     }
 }
 
