@@ -168,8 +168,10 @@ pub struct Options {
     pub log_format: LogFormat,
 
     /// Log filter (tracing's EnvFilter syntax), e.g. `info` or
-    /// `seathold=debug` for a line per request.
-    #[arg(long, env = "SEATHOLD_LOG", default_value = "info")]
+    /// `info,seathold=debug` for a line per request. The default keeps the
+    /// Redis client's own retry warnings (twice a second while Redis is
+    /// down) out: seathold logs each fault and readiness change itself.
+    #[arg(long, env = "SEATHOLD_LOG", default_value = "info,redis=error")]
     pub log: String,
 }
 
