@@ -187,11 +187,6 @@ impl Service {
         &self.keys
     }
 
-    /// The configured limits.
-    pub fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
     fn ttl(&self, ttl_ms: Option<u64>) -> Result<u64, Error> {
         let ttl = ttl_ms.unwrap_or(self.limits.default_ttl_ms);
         if ttl == 0 || ttl > self.limits.max_ttl_ms {
@@ -214,7 +209,10 @@ impl Service {
                 "seats must name at least one seat".into(),
             ));
         }
-        for (show, seat) in seats.pairs(home) {
+        // Every later step walks the seats as (show, seat) pairs: collect
+        // them once.
+        let pairs: Vec<(&str, &str)> = seats.pairs(home).collect();
+        for (show, seat) in &pairs {
             if !keys::valid_id(show) {
                 return Err(Error::InvalidShow);
             }
@@ -222,12 +220,11 @@ impl Service {
                 return Err(Error::InvalidSeat);
             }
         }
-        if seats.len() > self.limits.max_seats_per_hold {
+        if pairs.len() > self.limits.max_seats_per_hold {
             return Err(Error::TooManySeats(self.limits.max_seats_per_hold));
         }
         // At most --max-seats-per-hold seats (checked above, so this stays
         // cheap): comparing pairs beats hashing them.
-        let pairs: Vec<(&str, &str)> = seats.pairs(home).collect();
         for (i, (show, seat)) in pairs.iter().enumerate() {
             if pairs[..i].contains(&(show, seat)) {
                 let name = match &seats {
@@ -240,17 +237,13 @@ impl Service {
         let ttl = self.ttl(ttl_ms)?;
 
         let token = uuid::Uuid::new_v4().hyphenated().to_string();
-        let mut shows: Vec<&str> = seats.pairs(home).map(|(show, _)| show).collect();
+        let mut shows: Vec<&str> = pairs.iter().map(|&(show, _)| show).collect();
         shows.sort_unstable();
         shows.dedup();
         let mut key_list = Vec::with_capacity(1 + shows.len() + seats.len());
         key_list.push(self.keys.hold_record(home, &token));
         key_list.extend(shows.iter().map(|show| self.keys.fence(show)));
-        key_list.extend(
-            seats
-                .pairs(home)
-                .map(|(show, seat)| self.keys.seat(show, seat)),
-        );
+        key_list.extend(pairs.iter().map(|&(show, seat)| self.keys.seat(show, seat)));
 
         // The slot check: seats of one show share a tag by construction, but
         // seats of several shows only share a slot when their tags collide.
@@ -258,10 +251,10 @@ impl Service {
         if slots.iter().any(|&s| s != slots[0]) {
             m_counter(m::CROSS_SLOT_REJECTIONS, 1);
             let first_seat = 1 + shows.len();
-            let detail = seats
-                .pairs(home)
+            let detail = pairs
+                .iter()
                 .zip(&slots[first_seat..])
-                .map(|((show, seat), &slot)| SeatSlot {
+                .map(|(&(show, seat), &slot)| SeatSlot {
                     show: show.to_owned(),
                     seat: seat.to_owned(),
                     slot,
@@ -298,12 +291,12 @@ impl Service {
             }
             [0, rest @ ..] if !rest.is_empty() && rest.len() % 3 == 0 => {
                 m_counter(m::HOLD_CONFLICTS, 1);
-                let all: Vec<(&str, &str)> = seats.pairs(home).collect();
                 let multi = matches!(seats, Seats::Multi(_));
                 let taken = rest
                     .chunks_exact(3)
                     .filter_map(|c| {
-                        let (show, seat) = all.get(usize::try_from(c[0]).ok()?.checked_sub(1)?)?;
+                        let (show, seat) =
+                            pairs.get(usize::try_from(c[0]).ok()?.checked_sub(1)?)?;
                         Some(Taken {
                             show: multi.then(|| (*show).to_owned()),
                             seat: (*seat).to_owned(),

@@ -31,11 +31,6 @@ impl Script {
         self.name
     }
 
-    /// The script's SHA1, as EVALSHA wants it.
-    pub fn sha(&self) -> &str {
-        &self.sha
-    }
-
     /// The script's source.
     pub fn body(&self) -> &'static str {
         self.body
