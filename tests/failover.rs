@@ -12,16 +12,22 @@ use serde_json::Value;
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The slot of `show`'s keys and the port of the master serving it.
+async fn slot_and_master(show: &str) -> (u16, u16) {
+    let slot = seathold::keys::KeySpace::new("seat-hold:").show_slot(show);
+    let master = cluster()
+        .master_port_for_slot(slot)
+        .await
+        .expect("master of the slot");
+    (slot, master)
+}
+
 #[tokio::test]
 async fn master_killed_under_load_fails_over_and_counts_expiries_on_the_new_master() {
     let _serial = SERIAL.lock().await;
     let s = server().await;
     let sh = show("failover");
-    let slot = seathold::keys::KeySpace::new("seat-hold:").show_slot(&sh);
-    let master = cluster()
-        .master_port_for_slot(slot)
-        .await
-        .expect("master of the slot");
+    let (slot, master) = slot_and_master(&sh).await;
 
     // Steady holds on the show's slot, each a fresh seat.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -170,11 +176,7 @@ async fn confirmed_sales_survive_a_master_crash() {
     let _serial = SERIAL.lock().await;
     let s = server().await;
     let sh = show("durable");
-    let slot = seathold::keys::KeySpace::new("seat-hold:").show_slot(&sh);
-    let master = cluster()
-        .master_port_for_slot(slot)
-        .await
-        .expect("master of the slot");
+    let (_, master) = slot_and_master(&sh).await;
 
     // 200 holds to confirm.
     let mut tokens = Vec::new();

@@ -154,17 +154,7 @@ async fn starts_before_the_cluster_and_becomes_ready_when_it_appears() {
         .await
         .expect("cluster healthy");
     let appeared = Instant::now();
-    common::eventually(
-        Duration::from_secs(15),
-        "/readyz 200 once the cluster is up",
-        || async {
-            http.get(format!("{base}/readyz"))
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 200)
-        },
-    )
-    .await;
+    common::wait_readyz(&http, &base, 200, Duration::from_secs(15)).await;
     eprintln!("ready {:?} after the cluster came up", appeared.elapsed());
     let r = http
         .post(format!("{base}/v1/shows/{}/seats/A1/hold", show("late")))

@@ -49,17 +49,7 @@ async fn start(extra: &[&str]) -> Daemon {
         base: format!("http://127.0.0.1:{port}"),
     };
     let http = reqwest::Client::new();
-    common::eventually(
-        Duration::from_secs(30),
-        "the daemon to be ready",
-        || async {
-            http.get(format!("{}/readyz", daemon.base))
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 200)
-        },
-    )
-    .await;
+    common::wait_readyz(&http, &daemon.base, 200, Duration::from_secs(30)).await;
     daemon
 }
 
@@ -113,17 +103,7 @@ async fn sigterm_under_load_drains_and_exits_zero() {
     let http = reqwest::Client::new();
     let sent = Instant::now();
     signal(d.child.id(), "TERM");
-    common::eventually(
-        Duration::from_millis(500),
-        "/readyz to turn 503",
-        || async {
-            http.get(format!("{}/readyz", d.base))
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 503)
-        },
-    )
-    .await;
+    common::wait_readyz(&http, &d.base, 503, Duration::from_millis(500)).await;
     let not_ready_after = sent.elapsed();
     // The load balancer takes a while to notice; meanwhile requests,
     // new connections included, are still served.

@@ -75,13 +75,7 @@ async fn mixed_load_keeps_memory_flat_and_answers_only_successes_and_conflicts()
         .timeout(Duration::from_secs(10))
         .build()
         .expect("client");
-    common::eventually(Duration::from_secs(30), "ready", || async {
-        http.get(format!("{base}/readyz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status() == 200)
-    })
-    .await;
+    common::wait_readyz(&http, &base, 200, Duration::from_secs(30)).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Tally::default());

@@ -104,19 +104,7 @@ pub async fn server_with(opts: Options) -> TestServer {
 
 impl TestServer {
     pub async fn wait_ready(&self, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Ok(r) = self.http.get(format!("{}/readyz", self.base)).send().await {
-                if r.status() == 200 {
-                    return;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "seathold did not become ready in {limit:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_readyz(&self.http, &self.base, 200, limit).await;
     }
 
     /// Sends a request; answers status and JSON body (Null when empty).
@@ -275,6 +263,17 @@ pub async fn command_calls() -> BTreeMap<String, u64> {
         }
     }
     total
+}
+
+/// Waits until `GET {base}/readyz` answers `status`.
+pub async fn wait_readyz(http: &reqwest::Client, base: &str, status: u16, limit: Duration) {
+    eventually(limit, &format!("/readyz to answer {status}"), || async {
+        http.get(format!("{base}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == status)
+    })
+    .await;
 }
 
 /// Polls `check` every 20 ms until it is true or `limit` passes.
