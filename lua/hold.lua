@@ -9,15 +9,19 @@
 -- ARGV[4]              kind: "s" (one show's route) or "m" (POST /v1/holds)
 -- ARGV[5]              seats as "show/seat" joined with spaces, request order
 --
--- The record is "<fence> <created_ms> <kind> <seats>" with the hold's TTL;
--- the token is in its key. One string rather than a hash: one write (SET
--- with PX) instead of HSET plus PEXPIRE, for the master and every replica.
+-- The record is "<fence> <created_ms> <kind> <seats>" with the hold's
+-- expiry; the token is in its key. One string rather than a hash: one write
+-- (SET with PXAT) instead of HSET plus PEXPIRE, for the master and every
+-- replica. Every call below costs the master (Lua's redis.call is several
+-- times dearer than the command it runs), so the script makes as few as the
+-- contract allows: for one seat SET NX PX, PEXPIRETIME, INCR and SET.
 --
 -- A single seat is checked and taken by one SET NX PX, as the reference
 -- design does; several are all checked with one MGET before any is written.
 --
--- Returns {1, fence, pttl_ms, now_ms} when every seat was free and is now
--- held; otherwise {0, i, state, pttl_ms, ...} for every taken seat (i is its
+-- Returns {1, fence, pttl_ms, created_ms} when every seat was free and is
+-- now held (pttl_ms is the remaining time Redis gave the keys, created_ms
+-- Redis's clock when it did); otherwise {0, i, state, pttl_ms, ...} for every taken seat (i is its
 -- 1-based position in the request, state 1 = held, 2 = sold) and writes
 -- nothing. Taken seats are a normal answer, not an error.
 local fences = tonumber(ARGV[3])
@@ -51,9 +55,18 @@ else
   if #taken > 1 then
     return taken
   end
-  for i = first, #KEYS do
-    redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
-  end
+  redis.call('SET', KEYS[first], ARGV[1], 'PX', ARGV[2])
+end
+
+-- The hold's expiry, as an absolute time on Redis's own clock: it dates the
+-- hold (created = expiry - TTL, for the lifetime cap) and answers its
+-- remaining time, one call instead of TIME plus PTTL. The other seats and
+-- the record get exactly the same expiry.
+local ttl = tonumber(ARGV[2])
+local at = redis.call('PEXPIRETIME', KEYS[first])
+local now = at - ttl
+for i = first + 1, #KEYS do
+  redis.call('SET', KEYS[i], ARGV[1], 'PXAT', at)
 end
 
 local fence
@@ -73,7 +86,5 @@ else
   end
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('SET', KEYS[1], string.format('%d %d %s %s', fence, now, ARGV[4], ARGV[5]), 'PX', ARGV[2])
-return {1, fence, redis.call('PTTL', KEYS[1]), now}
+redis.call('SET', KEYS[1], string.format('%d %d %s %s', fence, now, ARGV[4], ARGV[5]), 'PXAT', at)
+return {1, fence, at - now, now}
