@@ -2,6 +2,16 @@
 //! by every request, the slot map, readiness, and the dedicated per-master
 //! connections that confirms need for `WAIT`.
 //!
+//! Scripts take a direct path when they can: every key of a script is in one
+//! slot, known before anything is sent, so [`Cluster::eval`] looks the slot's
+//! master up in its own slot map and sends EVALSHA over a multiplexed
+//! connection to that master, skipping the cluster client's routing task (a
+//! channel hop and a task wake-up per request). Whenever the direct path
+//! cannot answer (no connection to that master yet, `MOVED`, `ASK`,
+//! `TRYAGAIN`, `CLUSTERDOWN`, a replica's `READONLY`, a broken connection),
+//! the request goes over the cluster connection instead, which follows
+//! redirects and reconnects, and the slot map is refreshed.
+//!
 //! The cluster connection is made in the background and remade when it
 //! fails, so the daemon starts (and answers `/healthz`) before the cluster is
 //! reachable, and is simply not ready until it is.
@@ -46,6 +56,28 @@ pub enum ConfigError {
     NoNodes,
     #[error("Redis node URL {url:?} is not usable: {reason}")]
     BadUrl { url: String, reason: String },
+}
+
+/// Whether a script that failed on the direct path with `err` should go over
+/// the cluster connection: the node refused it because the slot is elsewhere
+/// or the cluster is changing (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`,
+/// `MASTERDOWN`, `LOADING`, `READONLY`), or the connection is broken. This is
+/// what the cluster client itself retries on; script errors and timeouts are
+/// answered as they are.
+fn rerouted(err: &redis::RedisError) -> bool {
+    use redis::{ErrorKind as K, ServerErrorKind as S};
+    match err.kind() {
+        K::Server(
+            S::Moved | S::Ask | S::TryAgain | S::ClusterDown | S::MasterDown | S::BusyLoading,
+        )
+        | K::Server(S::ReadOnly) => true,
+        K::Io => !err.is_timeout(),
+        _ => err.is_connection_dropped() || err.is_connection_refusal(),
+    }
+}
+
+fn publish_direct(direct: &HashMap<String, MultiplexedConnection>) {
+    metrics::gauge!(crate::metrics::DIRECT_CONNECTIONS).set(direct.len() as f64);
 }
 
 /// The masters and who serves each slot, from `CLUSTER SLOTS`.
@@ -126,6 +158,12 @@ pub struct Cluster {
     topology: RwLock<Arc<Topology>>,
     /// Idle dedicated connections per master, for confirm + WAIT.
     confirm_pool: Mutex<HashMap<String, Vec<MultiplexedConnection>>>,
+    /// One shared multiplexed connection per master (`host:port`), for the
+    /// direct path of scripts. Opened by [`Cluster::maintain`].
+    direct: RwLock<HashMap<String, MultiplexedConnection>>,
+    /// Set when the direct path met a redirect or a broken connection: the
+    /// next `maintain` round refreshes the slot map at once.
+    stale: AtomicBool,
     scripts: Scripts,
     timeout: Duration,
     ready: AtomicBool,
@@ -197,6 +235,8 @@ impl Cluster {
             tls_seeds,
             topology: RwLock::new(Arc::new(Topology::default())),
             confirm_pool: Mutex::new(HashMap::new()),
+            direct: RwLock::new(HashMap::new()),
+            stale: AtomicBool::new(false),
             scripts,
             timeout: opts.timeout,
             ready: AtomicBool::new(false),
@@ -280,8 +320,11 @@ impl Cluster {
         result
     }
 
-    /// Runs `script` over the shared connection: bounded by the Redis
-    /// timeout and timed under the script's name.
+    /// Runs `script`, bounded by the Redis timeout and timed under the
+    /// script's name: straight to the master of its keys' slot when there is
+    /// a direct connection to it, otherwise (or when that master redirects
+    /// or its connection broke) over the cluster connection. `keys` must
+    /// all be in one slot; the callers check that before anything is sent.
     pub async fn eval<T: FromRedisValue>(
         &self,
         script: &Script,
@@ -289,21 +332,101 @@ impl Cluster {
         args: impl Fn(&mut Cmd),
     ) -> Result<T, Error> {
         self.bounded(script.name(), async {
+            if let Some((addr, mut conn)) = keys.first().and_then(|k| self.direct_for(k)) {
+                match script.run(&mut conn, keys, &args).await {
+                    Ok(value) => return Ok(value),
+                    Err(err) if !rerouted(&err) => return Err(err.into()),
+                    Err(err) => {
+                        tracing::debug!(%addr, error = %err, "direct path failed; using the cluster connection");
+                        metrics::counter!(crate::metrics::DIRECT_FALLBACKS).increment(1);
+                        self.direct_failed(&addr, &err);
+                    }
+                }
+            }
             let mut conn = self.conn()?;
             Ok(script.run(&mut conn, keys, args).await?)
         })
         .await
     }
 
+    /// The master serving `key`'s slot and the direct connection to it, if
+    /// there is one.
+    fn direct_for(&self, key: &str) -> Option<(String, MultiplexedConnection)> {
+        let topology = self.topology();
+        let addr = topology.master_of(crate::keys::slot(key.as_bytes()))?;
+        let conn = self.direct.read().ok()?.get(addr)?.clone();
+        Some((addr.to_owned(), conn))
+    }
+
+    /// After the direct path to `addr` failed with `err`: a broken
+    /// connection is dropped (the next `maintain` round opens a new one), and
+    /// either way the slot map is refreshed soon.
+    fn direct_failed(&self, addr: &str, err: &redis::RedisError) {
+        if !matches!(err.kind(), redis::ErrorKind::Server(_)) {
+            if let Ok(mut direct) = self.direct.write() {
+                direct.remove(addr);
+                publish_direct(&direct);
+            }
+        }
+        self.stale.store(true, Ordering::Relaxed);
+    }
+
+    /// Opens a direct connection to every master that has none.
+    async fn connect_direct(&self) {
+        let topology = self.topology();
+        for addr in &topology.masters {
+            let have = self
+                .direct
+                .read()
+                .map(|d| d.contains_key(addr))
+                .unwrap_or(true);
+            if have {
+                continue;
+            }
+            let conn = async {
+                let client = self.node_client(addr)?;
+                // No response timeout of its own: every use is bounded by
+                // `bounded`, which also counts the timeout.
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.timeout))
+                    .set_response_timeout(None);
+                Ok::<_, Error>(
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await?,
+                )
+            };
+            match conn.await {
+                Ok(conn) => {
+                    tracing::debug!(%addr, "direct connection to master open");
+                    if let Ok(mut direct) = self.direct.write() {
+                        direct.insert(addr.clone(), conn);
+                        publish_direct(&direct);
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(%addr, error = %err, "cannot open a direct connection to master");
+                }
+            }
+        }
+    }
+
     /// Background work: connect (and reconnect), keep the slot map and
     /// readiness current. Ends when `shutdown` turns true.
     pub async fn maintain(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let interval = Duration::from_millis(500);
+        let mut last = Instant::now();
+        self.check_once().await;
         loop {
-            self.check_once().await;
+            // Every 500 ms, or after 50 ms when the direct path found the
+            // slot map stale (a redirect or a broken connection).
             tokio::select! {
-                _ = tokio::time::sleep(interval) => {}
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
                 _ = shutdown.wait_for(|s| *s) => return,
+            }
+            if last.elapsed() >= interval || self.stale.load(Ordering::Relaxed) {
+                last = Instant::now();
+                self.check_once().await;
             }
         }
     }
@@ -346,9 +469,13 @@ impl Cluster {
                 }
             }
         }
+        self.stale.store(false, Ordering::Relaxed);
         let ready = self.probe().await;
         match ready {
-            Ok(()) => self.set_ready(true, "Redis Cluster is ready"),
+            Ok(()) => {
+                self.set_ready(true, "Redis Cluster is ready");
+                self.connect_direct().await;
+            }
             Err(why) => self.set_ready(false, &why),
         }
     }
@@ -404,6 +531,11 @@ impl Cluster {
         let topo = Arc::new(topo);
         if let Ok(mut t) = self.topology.write() {
             *t = Arc::clone(&topo);
+        }
+        // Direct connections to nodes that are no longer masters go.
+        if let Ok(mut direct) = self.direct.write() {
+            direct.retain(|addr, _| topo.masters.binary_search(addr).is_ok());
+            publish_direct(&direct);
         }
         // New masters (a promoted replica) get the scripts now, not on the
         // first NOSCRIPT.

@@ -44,6 +44,11 @@ pub const HTTP_CONNECTIONS: &str = "seathold_http_connections";
 pub const HTTP_OVERLOADED: &str = "seathold_http_overloaded_total";
 /// Latency of each Redis operation (one script run, or a WAIT), by `op`.
 pub const REDIS_DURATION: &str = "seathold_redis_command_duration_seconds";
+/// Scripts that went over the cluster connection because the direct path to
+/// the slot's master redirected (`MOVED`, `ASK`, ...) or its connection broke.
+pub const DIRECT_FALLBACKS: &str = "seathold_redis_direct_fallbacks_total";
+/// Masters with an open direct connection (normally every master).
+pub const DIRECT_CONNECTIONS: &str = "seathold_redis_direct_connections";
 /// Masters whose keyspace expiry events seathold is subscribed to.
 pub const EXPIRY_SUBSCRIPTIONS: &str = "seathold_expiry_subscriptions";
 /// Expiry subscriptions lost and made again (a master restarted or
@@ -114,6 +119,14 @@ fn describe() {
         "Confirms answered 503 not_replicated."
     );
     describe_counter!(SCRIPT_RELOADS, "Scripts re-sent with EVAL after NOSCRIPT.");
+    describe_counter!(
+        DIRECT_FALLBACKS,
+        "Scripts sent over the cluster connection because the direct path to the slot's master redirected or broke."
+    );
+    describe_gauge!(
+        DIRECT_CONNECTIONS,
+        "Masters with an open direct connection for scripts; normally equal to seathold_redis_masters."
+    );
     describe_counter!(TOPOLOGY_CHANGES, "Redis Cluster slot map changes seen.");
     describe_gauge!(MASTERS, "Masters in the current Redis Cluster slot map.");
     describe_gauge!(HTTP_IN_FLIGHT, "HTTP requests being served.");
@@ -157,6 +170,7 @@ pub fn register_zeroes() {
         TOPOLOGY_CHANGES,
         HTTP_OVERLOADED,
         EXPIRY_RESUBSCRIPTIONS,
+        DIRECT_FALLBACKS,
     ] {
         metrics::counter!(name).increment(0);
     }
@@ -166,4 +180,5 @@ pub fn register_zeroes() {
     metrics::gauge!(CLUSTER_READY).set(0.0);
     metrics::gauge!(HTTP_IN_FLIGHT).set(0.0);
     metrics::gauge!(HTTP_CONNECTIONS).set(0.0);
+    metrics::gauge!(DIRECT_CONNECTIONS).set(0.0);
 }

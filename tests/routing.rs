@@ -1,0 +1,138 @@
+//! The direct path: seathold sends each script straight to the master of its
+//! slot, from its own slot map, over one connection per master. When a slot
+//! moves to another master, the first request after the move is redirected
+//! (`MOVED`), goes over the cluster connection instead and still succeeds;
+//! then the slot map catches up and requests go direct again. This binary
+//! moves slots, so it has its own cluster (one per test binary).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{cluster, eventually, master_ports, node, server, show};
+
+const FALLBACKS: &str = "seathold_redis_direct_fallbacks_total";
+
+async fn cluster_cmd(port: u16, args: &[&str]) -> redis::RedisResult<redis::Value> {
+    let mut cmd = redis::cmd("CLUSTER");
+    for a in args {
+        cmd.arg(*a);
+    }
+    cmd.query_async(&mut node(port).await).await
+}
+
+async fn my_id(port: u16) -> String {
+    let id: String = redis::cmd("CLUSTER")
+        .arg("MYID")
+        .query_async(&mut node(port).await)
+        .await
+        .expect("CLUSTER MYID");
+    id
+}
+
+/// Moves the empty `slot` from master `from` to master `to`, the way
+/// `redis-cli --cluster reshard` does: IMPORTING, MIGRATING, then NODE on
+/// the target, the source and every other master.
+async fn move_empty_slot(slot: u16, from: u16, to: u16) {
+    let keys: i64 = redis::cmd("CLUSTER")
+        .arg("COUNTKEYSINSLOT")
+        .arg(slot)
+        .query_async(&mut node(from).await)
+        .await
+        .expect("COUNTKEYSINSLOT");
+    assert_eq!(keys, 0, "slot {slot} must be empty to move it this way");
+    let (from_id, to_id) = (my_id(from).await, my_id(to).await);
+    let slot = slot.to_string();
+    cluster_cmd(to, &["SETSLOT", &slot, "IMPORTING", &from_id])
+        .await
+        .expect("IMPORTING");
+    cluster_cmd(from, &["SETSLOT", &slot, "MIGRATING", &to_id])
+        .await
+        .expect("MIGRATING");
+    cluster_cmd(to, &["SETSLOT", &slot, "NODE", &to_id])
+        .await
+        .expect("NODE on the target");
+    cluster_cmd(from, &["SETSLOT", &slot, "NODE", &to_id])
+        .await
+        .expect("NODE on the source");
+    for other in master_ports().await {
+        if other != from && other != to {
+            cluster_cmd(other, &["SETSLOT", &slot, "NODE", &to_id])
+                .await
+                .expect("NODE on another master");
+        }
+    }
+}
+
+#[tokio::test]
+async fn moved_slots_are_followed_without_a_failed_request() {
+    let s = server().await;
+    let masters = master_ports().await;
+    assert_eq!(masters.len(), 3);
+    // The direct connections open right after the first successful probe.
+    s.wait_metric(
+        "seathold_redis_direct_connections",
+        3.0,
+        Duration::from_secs(5),
+    )
+    .await;
+    let keyspace = seathold::keys::KeySpace::new("seat-hold:");
+    let before = s.metric(FALLBACKS).await;
+
+    // Five times: a fresh show's (empty) slot moves to another master, and
+    // the very next hold of that show must succeed and land on the new one.
+    let mut last = String::new();
+    for round in 0..5 {
+        let sh = show(&format!("moved{round}"));
+        let slot = keyspace.show_slot(&sh);
+        let from = cluster()
+            .master_port_for_slot(slot)
+            .await
+            .expect("master of the slot");
+        let to = *masters.iter().find(|&&p| p != from).expect("another master");
+        move_empty_slot(slot, from, to).await;
+
+        let (status, body) = s
+            .call("POST", &format!("/v1/shows/{sh}/seats/A1/hold"), None)
+            .await;
+        assert_eq!(status, 201, "hold right after the move: {body}");
+        let token = body["holdToken"].as_str().expect("token");
+        let value: Option<String> = redis::cmd("GET")
+            .arg(format!("seat-hold:{{show:{sh}}}:A1"))
+            .query_async(&mut node(to).await)
+            .await
+            .expect("GET on the new master");
+        assert_eq!(value.as_deref(), Some(token), "the seat is on the new master");
+        last = sh;
+    }
+    // The slot map is refreshed every 500 ms, so the first hold after a
+    // move meets the old master nearly every time; over five moves it did.
+    let after = s.metric(FALLBACKS).await;
+    assert!(
+        after > before,
+        "no hold was redirected after five slot moves ({before} -> {after})"
+    );
+    assert!(
+        after - before <= 5.0,
+        "one redirected hold per move at most, got {}",
+        after - before
+    );
+
+    // Then the map catches up: holds of a moved show go direct again.
+    eventually(Duration::from_secs(3), "holds to go direct again", || async {
+        let f0 = s.metric(FALLBACKS).await;
+        for i in 0..10 {
+            let (status, body) = s
+                .call("POST", &format!("/v1/shows/{last}/seats/B{i}-{f0}/hold"), None)
+                .await;
+            assert_eq!(status, 201, "{body}");
+        }
+        s.metric(FALLBACKS).await == f0
+    })
+    .await;
+    eprintln!(
+        "routing: 5 slot moves, {} hold(s) redirected and served over the cluster connection",
+        after - before
+    );
+    s.stop().await;
+}
