@@ -89,7 +89,10 @@ async fn moved_slots_are_followed_without_a_failed_request() {
             .master_port_for_slot(slot)
             .await
             .expect("master of the slot");
-        let to = *masters.iter().find(|&&p| p != from).expect("another master");
+        let to = *masters
+            .iter()
+            .find(|&&p| p != from)
+            .expect("another master");
         move_empty_slot(slot, from, to).await;
 
         let (status, body) = s
@@ -102,7 +105,11 @@ async fn moved_slots_are_followed_without_a_failed_request() {
             .query_async(&mut node(to).await)
             .await
             .expect("GET on the new master");
-        assert_eq!(value.as_deref(), Some(token), "the seat is on the new master");
+        assert_eq!(
+            value.as_deref(),
+            Some(token),
+            "the seat is on the new master"
+        );
         last = sh;
     }
     // The slot map is refreshed every 500 ms, so the first hold after a
@@ -119,16 +126,24 @@ async fn moved_slots_are_followed_without_a_failed_request() {
     );
 
     // Then the map catches up: holds of a moved show go direct again.
-    eventually(Duration::from_secs(3), "holds to go direct again", || async {
-        let f0 = s.metric(FALLBACKS).await;
-        for i in 0..10 {
-            let (status, body) = s
-                .call("POST", &format!("/v1/shows/{last}/seats/B{i}-{f0}/hold"), None)
-                .await;
-            assert_eq!(status, 201, "{body}");
-        }
-        s.metric(FALLBACKS).await == f0
-    })
+    eventually(
+        Duration::from_secs(3),
+        "holds to go direct again",
+        || async {
+            let f0 = s.metric(FALLBACKS).await;
+            for i in 0..10 {
+                let (status, body) = s
+                    .call(
+                        "POST",
+                        &format!("/v1/shows/{last}/seats/B{i}-{f0}/hold"),
+                        None,
+                    )
+                    .await;
+                assert_eq!(status, 201, "{body}");
+            }
+            s.metric(FALLBACKS).await == f0
+        },
+    )
     .await;
     eprintln!(
         "routing: 5 slot moves, {} hold(s) redirected and served over the cluster connection",
