@@ -30,7 +30,11 @@ within a step, so no hold should ever conflict.
 Options:
   -d, --duration SECONDS   measured time per step (default 10)
   -w, --warmup SECONDS     warm-up time before each step (default 2)
-  -q, --quick              smoke run: 3 s per step, 1 s warm-up
+  -q, --quick              smoke run: 3 s per step, 1 s warm-up, 1 round
+  -n, --rounds N           rounds of the side-by-side section: each round
+                           measures raw SET and then every seathold step, and
+                           each step's ratio is to the raw SET/s of its own
+                           round; the table shows the median round (default 3)
   -c, --connections N      concurrent connections, both tools (default 50)
   -t, --threads N          wrk threads and redis-benchmark threads (default 2)
   -r, --replicas N         replicas per master in every cluster (default 1)
@@ -66,6 +70,7 @@ replicas=1
 sections="main,growth,masters"
 wait_idle=0
 retries=2
+rounds=3
 out=""
 bin=""
 
@@ -76,13 +81,14 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     -d|--duration) need_arg "$@"; duration=$2; shift 2 ;;
     -w|--warmup) need_arg "$@"; warmup=$2; shift 2 ;;
-    -q|--quick) duration=3; warmup=1; shift ;;
+    -q|--quick) duration=3; warmup=1; rounds=1; shift ;;
     -c|--connections) need_arg "$@"; connections=$2; shift 2 ;;
     -t|--threads) need_arg "$@"; threads=$2; shift 2 ;;
     -r|--replicas) need_arg "$@"; replicas=$2; shift 2 ;;
     --sections) need_arg "$@"; sections=$2; shift 2 ;;
     --wait-idle) need_arg "$@"; wait_idle=$2; shift 2 ;;
     --retries) need_arg "$@"; retries=$2; shift 2 ;;
+    -n|--rounds) need_arg "$@"; rounds=$2; shift 2 ;;
     -o|--out) need_arg "$@"; out=$2; shift 2 ;;
     --bin) need_arg "$@"; bin=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -99,6 +105,7 @@ if ! is_uint "$threads" || ((threads < 1)); then die "--threads must be >= 1"; f
 is_uint "$replicas" || die "--replicas must be a whole number"
 is_uint "$wait_idle" || die "--wait-idle must be a whole number of seconds"
 is_uint "$retries" || die "--retries must be a whole number"
+if ! is_uint "$rounds" || ((rounds < 1)); then die "--rounds must be >= 1"; fi
 for s in ${sections//,/ }; do
   case "$s" in main|growth|masters) ;; *) die "unknown section '$s' (main, growth, masters)" ;; esac
 done
@@ -595,6 +602,58 @@ record() {
 # A speed, or the INVALID mark instead of it.
 speed() { if [[ "${R[valid]}" == ok ]]; then echo "$1"; else echo "INVALID"; fi; }
 
+# collect STEP RAW: keeps this round's figures of STEP (in R) for the
+# median row of the side-by-side table.
+collect() {
+  local step=$1 raw=$2
+  M[$step,rps]+=" ${R[ok_rps]}"
+  M[$step,seats]+=" ${R[seats_rps]}"
+  M[$step,ratio]+=" $(ratio "${R[ok_rps]}" "$raw")"
+  M[$step,sratio]+=" $(ratio "${R[seats_rps]}" "$raw")"
+  M[$step,p50]+=" ${R[p50]}"
+  M[$step,p99]+=" ${R[p99]}"
+  M[$step,max]+=" ${R[max]}"
+  M[$step,ok]=$((${M[$step,ok]:-0} + ${R[ok]:-0}))
+  M[$step,not_ok]=$((${M[$step,not_ok]:-0} + ${R[not_ok]:-0}))
+  [[ "${R[valid]}" == ok ]] || M[$step,invalid]="${R[valid]} (${R[statuses]})"
+  [[ -z "${R[note]}" ]] || M[$step,note]+="${R[note]}"
+}
+# median WORDS...: the median of numbers (the mean of the middle two when
+# there is an even count).
+median() {
+  printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END {
+    if (NR == 0) print "-"; else if (NR % 2) print a[(NR + 1) / 2];
+    else printf "%.2f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+}
+# spread WORDS...: "min-max" of numbers.
+spread() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { print lo "-" hi }'; }
+# main_line STEP WHAT: the median row of STEP over the rounds.
+main_line() {
+  local step=$1 what=$2 check
+  local -a rps seats ratios sratios p50 p99 maxes
+  read -r -a rps <<<"${M[$step,rps]}"
+  read -r -a seats <<<"${M[$step,seats]}"
+  read -r -a ratios <<<"${M[$step,ratio]}"
+  read -r -a sratios <<<"${M[$step,sratio]}"
+  read -r -a p50 <<<"${M[$step,p50]}"
+  read -r -a p99 <<<"${M[$step,p99]}"
+  read -r -a maxes <<<"${M[$step,max]}"
+  if [[ -n "${M[$step,invalid]:-}" ]]; then
+    printf '%-6s %-46s %9s %9s %8s %8s %6s %10s %6s  %s' "$step" "$what" INVALID INVALID - - - - - \
+      "INVALID in a round: ${M[$step,invalid]}"
+    return
+  fi
+  if [[ "$step" == raw ]]; then
+    check="ok (${M[$step,ok]} SETs in $rounds round(s))"
+    ratios=(1.00) sratios=(1.00)
+  else
+    check="ok (${M[$step,ok]} answers, all $( [[ "$step" == read ]] && echo 200 || echo 201 ); max $(median "${maxes[@]}") ms, median round)"
+  fi
+  printf '%-6s %-46s %9s %9s %8s %8s %6s %10s %6s  %s' "$step" "$what" \
+    "$(median "${rps[@]}")" "$(median "${seats[@]}")" "$(median "${p50[@]}")" "$(median "${p99[@]}")" \
+    "$(median "${ratios[@]}")" "$(spread "${ratios[@]}")" "$(median "${sratios[@]}")" "$check${M[$step,note]:-}"
+}
+
 main_lines=()
 growth_lines=()
 masters_lines=()
@@ -608,23 +667,33 @@ if has_section main || has_section growth; then
   start_daemon 3
   raw3=""
   if has_section main; then
-    run_raw main raw
-    raw3=${R[ok_rps]}
-    record main raw 3 "$raw3"
-    main_lines+=("$(printf '%-6s %-46s %9s %9s %8s %8s %6s %6s  %s' raw "SET {tag}:<rand> NX PX (redis-benchmark)" \
-      "$(speed "${R[ok_rps]}")" "$(speed "${R[seats_rps]}")" "${R[p50]}" "${R[p99]}" 1.00 1.00 "${R[valid]} (keys/master ${R[keys]})${R[note]}")")
-    for spec in "hold1 hold1.lua 201 1 1000000 POST .../seats/{seat}/hold, random show" \
-      "hold4 holds.lua 201 4 1000000 POST .../holds, 4 seats, random show" \
-      "hot1 hold1.lua 201 1 0 POST .../seats/{seat}/hold, one hot show" \
-      "hot4 holds.lua 201 4 0 POST .../holds, 4 seats, one hot show" \
-      "read read.lua 200 1 1000000 GET .../seats/{seat}, random show"; do
-      read -r step lua expect seats shows what <<<"$spec"
-      run_wrk main "$step" "$lua" "$expect" "$seats" "$shows"
-      record main "$step" 3 "$raw3"
-      main_lines+=("$(printf '%-6s %-46s %9s %9s %8s %8s %6s %6s  %s' "$step" "$what" \
-        "$(speed "${R[ok_rps]}")" "$(speed "${R[seats_rps]}")" "${R[p50]}" "${R[p99]}" \
-        "$(speed "${R[ratio]}")" "$(speed "$(ratio "${R[seats_rps]}" "$raw3")")" \
-        "${R[valid]} (${R[statuses]}; max ${R[max]} ms)${R[note]}")")
+    # Rounds: raw SET, then every seathold step, each step's ratio taken to
+    # the raw SET/s of its own round, so that a machine that slows down or
+    # speeds up during the run moves both sides of a ratio alike.
+    main_steps=(raw
+      "hold1 hold1.lua 201 1 1000000 POST .../seats/{seat}/hold, random show"
+      "hold4 holds.lua 201 4 1000000 POST .../holds, 4 seats, random show"
+      "hot1 hold1.lua 201 1 0 POST .../seats/{seat}/hold, one hot show"
+      "hot4 holds.lua 201 4 0 POST .../holds, 4 seats, one hot show"
+      "read read.lua 200 1 1000000 GET .../seats/{seat}, random show")
+    declare -A M=()
+    for ((round = 1; round <= rounds; round++)); do
+      echo "  main: round $round of $rounds" >&2
+      run_raw main raw
+      raw3=${R[ok_rps]}
+      record main "raw.r$round" 3 "$raw3"
+      collect raw "$raw3"
+      for spec in "${main_steps[@]:1}"; do
+        read -r step lua expect seats shows _ <<<"$spec"
+        run_wrk main "$step" "$lua" "$expect" "$seats" "$shows"
+        record main "$step.r$round" 3 "$raw3"
+        collect "$step" "$raw3"
+      done
+    done
+    for spec in "${main_steps[@]}"; do
+      read -r step _ _ _ _ what <<<"$spec"
+      [[ "$step" == raw ]] && what="SET {tag}:<rand> NX PX (redis-benchmark)"
+      main_lines+=("$(main_line "$step" "$what")")
     done
   fi
   if has_section growth; then
@@ -670,8 +739,9 @@ echo "seathold benchmark, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -m), $ncpu CPU
 echo "${duration}s per step after ${warmup}s warm-up; $connections connections; $threads wrk threads / redis-benchmark threads; $replicas replica(s) per master; $("$bin" --version 2>/dev/null || echo seathold); $(redis-server --version | awk '{print $3}')"
 if ((${#main_lines[@]})); then
   echo
-  echo "Side by side, 3 masters (latency in ms; x raw = per second divided by raw SET/s)"
-  printf '%-6s %-46s %9s %9s %8s %8s %6s %6s  %s\n' step what "holds/s" "seats/s" p50 p99 "x raw" "seats" "check"
+  echo "Side by side, 3 masters, median of $rounds round(s) (latency in ms; x raw = per second divided by"
+  echo "the raw SET/s of the same round; x range = lowest-highest x raw over the rounds)"
+  printf '%-6s %-46s %9s %9s %8s %8s %6s %10s %6s  %s\n' step what "holds/s" "seats/s" p50 p99 "x raw" "x range" "seats" "check"
   printf '%s\n' "${main_lines[@]}"
 fi
 if ((${#growth_lines[@]})); then
