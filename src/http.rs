@@ -385,6 +385,25 @@ fn valid_show(show: &str) -> Result<(), Error> {
     }
 }
 
+/// Collects a body of at most `max` bytes within the body timeout.
+async fn read_body<B>(app: &App, body: B, max: usize) -> Result<Bytes, Error>
+where
+    B: Body<Data = Bytes>,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    let collect = tokio::time::timeout(app.body_timeout, Limited::new(body, max).collect());
+    match collect.await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(err)) if err.is::<http_body_util::LengthLimitError>() => {
+            Err(Error::PayloadTooLarge(max))
+        }
+        Ok(Err(err)) => Err(Error::InvalidRequest(format!(
+            "could not read the body: {err}"
+        ))),
+        Err(_) => Err(Error::RequestTimeout),
+    }
+}
+
 /// Reads and decodes a JSON body. With `required`, an empty body is an
 /// error; otherwise it decodes as `{}`. A non-empty body must say it is JSON.
 async fn json_body<B, T>(app: &App, head: &Parts, body: B, required: bool) -> Result<T, Error>
@@ -413,19 +432,13 @@ where
                 .trim()
                 .eq_ignore_ascii_case("application/json")
         });
-    // A body that trickles in would hold an in-flight slot forever.
-    let collect = tokio::time::timeout(app.body_timeout, Limited::new(body, max).collect());
-    let bytes = match collect.await {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(err)) if err.is::<http_body_util::LengthLimitError>() => {
-            return Err(Error::PayloadTooLarge(max))
-        }
-        Ok(Err(err)) => {
-            return Err(Error::InvalidRequest(format!(
-                "could not read the body: {err}"
-            )))
-        }
-        Err(_) => return Err(Error::RequestTimeout),
+    // A body that trickles in would hold an in-flight slot forever. A body
+    // that is already known to be empty (no Content-Length, or 0) needs no
+    // timer: most single-seat holds have none.
+    let bytes = if body.is_end_stream() {
+        Bytes::new()
+    } else {
+        read_body(app, body, max).await?
     };
     if bytes.is_empty() {
         if required {
