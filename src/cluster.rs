@@ -164,6 +164,8 @@ pub struct Cluster {
     /// Set when the direct path met a redirect or a broken connection: the
     /// next `maintain` round refreshes the slot map at once.
     stale: AtomicBool,
+    /// Masters a direct connection is being opened to.
+    connecting: Mutex<std::collections::HashSet<String>>,
     scripts: Scripts,
     timeout: Duration,
     ready: AtomicBool,
@@ -237,6 +239,7 @@ impl Cluster {
             confirm_pool: Mutex::new(HashMap::new()),
             direct: RwLock::new(HashMap::new()),
             stale: AtomicBool::new(false),
+            connecting: Mutex::new(std::collections::HashSet::new()),
             scripts,
             timeout: opts.timeout,
             ready: AtomicBool::new(false),
@@ -371,8 +374,10 @@ impl Cluster {
         self.stale.store(true, Ordering::Relaxed);
     }
 
-    /// Opens a direct connection to every master that has none.
-    async fn connect_direct(&self) {
+    /// Opens, in the background, a direct connection to every master that
+    /// has none and is not being connected to already; a master that cannot
+    /// be reached never holds up the readiness probe.
+    fn connect_direct(self: &Arc<Self>) {
         let topology = self.topology();
         for addr in &topology.masters {
             let have = self
@@ -380,34 +385,56 @@ impl Cluster {
                 .read()
                 .map(|d| d.contains_key(addr))
                 .unwrap_or(true);
-            if have {
+            let started = !have
+                && self
+                    .connecting
+                    .lock()
+                    .map(|mut c| c.insert(addr.clone()))
+                    .unwrap_or(false);
+            if !started {
                 continue;
             }
-            let conn = async {
-                let client = self.node_client(addr)?;
-                // No response timeout of its own: every use is bounded by
-                // `bounded`, which also counts the timeout.
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(self.timeout))
-                    .set_response_timeout(None);
-                Ok::<_, Error>(
-                    client
-                        .get_multiplexed_async_connection_with_config(&config)
-                        .await?,
-                )
-            };
-            match conn.await {
-                Ok(conn) => {
-                    tracing::debug!(%addr, "direct connection to master open");
-                    if let Ok(mut direct) = self.direct.write() {
-                        direct.insert(addr.clone(), conn);
-                        publish_direct(&direct);
+            let (me, addr) = (Arc::clone(self), addr.clone());
+            tokio::spawn(async move {
+                match me.open_direct(&addr).await {
+                    Ok(conn) => {
+                        tracing::debug!(%addr, "direct connection to master open");
+                        // Only while it is still a master.
+                        if me.topology().masters.binary_search(&addr).is_ok() {
+                            if let Ok(mut direct) = me.direct.write() {
+                                direct.insert(addr.clone(), conn);
+                                publish_direct(&direct);
+                            }
+                        }
+                    }
+                    Err(err) => {
+                        tracing::warn!(%addr, error = %err, "cannot open a direct connection to master");
                     }
                 }
-                Err(err) => {
-                    tracing::warn!(%addr, error = %err, "cannot open a direct connection to master");
+                if let Ok(mut connecting) = me.connecting.lock() {
+                    connecting.remove(&addr);
                 }
-            }
+            });
+        }
+    }
+
+    async fn open_direct(&self, addr: &str) -> Result<MultiplexedConnection, Error> {
+        let client = self.node_client(addr)?;
+        // No response timeout of its own: every use is bounded by `bounded`,
+        // which also counts the timeout.
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(None);
+        let connect = client.get_multiplexed_async_connection_with_config(&config);
+        match tokio::time::timeout(self.timeout, connect).await {
+            Ok(conn) => Ok(conn?),
+            Err(_) => Err(Error::RedisUnavailable(
+                RedisFault::Timeout,
+                format!(
+                    "no connection to {addr} within {} ms",
+                    self.timeout.as_millis()
+                ),
+            )),
         }
     }
 
@@ -431,7 +458,7 @@ impl Cluster {
         }
     }
 
-    async fn check_once(&self) {
+    async fn check_once(self: &Arc<Self>) {
         let connected = self.conn.read().map(|c| c.is_some()).unwrap_or(false);
         if !connected {
             match tokio::time::timeout(self.timeout, self.client.get_async_connection()).await {
@@ -474,7 +501,7 @@ impl Cluster {
         match ready {
             Ok(()) => {
                 self.set_ready(true, "Redis Cluster is ready");
-                self.connect_direct().await;
+                self.connect_direct();
             }
             Err(why) => self.set_ready(false, &why),
         }
