@@ -76,7 +76,7 @@ fn rerouted(err: &redis::RedisError) -> bool {
     }
 }
 
-fn publish_direct(direct: &HashMap<String, MultiplexedConnection>) {
+fn publish_direct(direct: &HashMap<Arc<str>, MultiplexedConnection>) {
     metrics::gauge!(crate::metrics::DIRECT_CONNECTIONS).set(direct.len() as f64);
 }
 
@@ -160,7 +160,7 @@ pub struct Cluster {
     confirm_pool: Mutex<HashMap<String, Vec<MultiplexedConnection>>>,
     /// One shared multiplexed connection per master (`host:port`), for the
     /// direct path of scripts. Opened by [`Cluster::maintain`].
-    direct: RwLock<HashMap<String, MultiplexedConnection>>,
+    direct: RwLock<HashMap<Arc<str>, MultiplexedConnection>>,
     /// Set when the direct path met a redirect or a broken connection: the
     /// next `maintain` round refreshes the slot map at once.
     stale: AtomicBool,
@@ -354,11 +354,12 @@ impl Cluster {
 
     /// The master serving `key`'s slot and the direct connection to it, if
     /// there is one.
-    fn direct_for(&self, key: &str) -> Option<(String, MultiplexedConnection)> {
+    fn direct_for(&self, key: &str) -> Option<(Arc<str>, MultiplexedConnection)> {
         let topology = self.topology();
         let addr = topology.master_of(crate::keys::slot(key.as_bytes()))?;
-        let conn = self.direct.read().ok()?.get(addr)?.clone();
-        Some((addr.to_owned(), conn))
+        let direct = self.direct.read().ok()?;
+        let (addr, conn) = direct.get_key_value(addr)?;
+        Some((Arc::clone(addr), conn.clone()))
     }
 
     /// After the direct path to `addr` failed with `err`: a broken
@@ -383,7 +384,7 @@ impl Cluster {
             let have = self
                 .direct
                 .read()
-                .map(|d| d.contains_key(addr))
+                .map(|d| d.contains_key(addr.as_str()))
                 .unwrap_or(true);
             let started = !have
                 && self
@@ -402,7 +403,7 @@ impl Cluster {
                         // Only while it is still a master.
                         if me.topology().masters.binary_search(&addr).is_ok() {
                             if let Ok(mut direct) = me.direct.write() {
-                                direct.insert(addr.clone(), conn);
+                                direct.insert(Arc::from(addr.as_str()), conn);
                                 publish_direct(&direct);
                             }
                         }
@@ -561,7 +562,7 @@ impl Cluster {
         }
         // Direct connections to nodes that are no longer masters go.
         if let Ok(mut direct) = self.direct.write() {
-            direct.retain(|addr, _| topo.masters.binary_search(addr).is_ok());
+            direct.retain(|addr, _| topo.masters.iter().any(|m| m.as_str() == &**addr));
             publish_direct(&direct);
         }
         // New masters (a promoted replica) get the scripts now, not on the
