@@ -19,13 +19,28 @@
 -- A single seat is checked and taken by one SET NX PX, as the reference
 -- design does; several are all checked with one MGET before any is written.
 --
--- Returns {1, fence, pttl_ms, created_ms} when every seat was free and is
--- now held (pttl_ms is the remaining time Redis gave the keys, created_ms
--- Redis's clock when it did); otherwise {0, i, state, pttl_ms, ...} for every taken seat (i is its
--- 1-based position in the request, state 1 = held, 2 = sold) and writes
--- nothing. Taken seats are a normal answer, not an error.
+-- Returns {1, fence, pttl_ms, now_ms} when every seat was free and is now
+-- held (pttl_ms is the remaining time Redis gave the keys, now_ms Redis's
+-- clock when it did), or when they are already held under this very token
+-- (a resend: see already_held); otherwise {0, i, state, pttl_ms, ...} for
+-- every taken seat (i is its 1-based position in the request, state 1 =
+-- held, 2 = sold) and writes nothing. Taken seats are a normal answer, not an
+-- error.
 local fences = tonumber(ARGV[3])
 local first = 2 + fences
+
+-- The answer to a resend of this very hold: the same token already holds
+-- every seat (the first run's reply was lost with its connection, and the
+-- request went again), so answer as the first run did, from its record,
+-- instead of reporting the seats taken by their own holder. Nothing is
+-- written. nil if there is no record (then the seats are not this hold's).
+local function already_held()
+  local record = redis.call('GET', KEYS[1])
+  local fence = record and string.match(record, '^(%d+) ')
+  if not fence then return nil end
+  local pttl = redis.call('PTTL', KEYS[1])
+  return {1, tonumber(fence), pttl, redis.call('PEXPIRETIME', KEYS[1]) - pttl}
+end
 
 -- The state of a seat that is taken: {i, state, pttl_ms}.
 local function taken_seat(i, v)
@@ -38,11 +53,19 @@ if #KEYS == first then
   -- One seat: SET NX checks and takes it in one call.
   if not redis.call('SET', KEYS[first], ARGV[1], 'NX', 'PX', ARGV[2]) then
     local v = redis.call('GET', KEYS[first]) or ''
+    local again = v == ARGV[1] and already_held()
+    if again then return again end
     return {0, taken_seat(first, v)}
   end
 else
   local taken = {0}
   local values = redis.call('MGET', unpack(KEYS, first))
+  -- Holds are written whole, so the first seat tells whether this is a
+  -- resend of a hold that is already in place.
+  if values[1] == ARGV[1] then
+    local again = already_held()
+    if again then return again end
+  end
   for i = first, #KEYS do
     local v = values[i - first + 1]
     if v then

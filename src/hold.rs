@@ -245,9 +245,14 @@ impl Service {
         key_list.extend(shows.iter().map(|show| self.keys.fence(show)));
         key_list.extend(pairs.iter().map(|&(show, seat)| self.keys.seat(show, seat)));
 
-        // The slot check: seats of one show share a tag by construction, but
-        // seats of several shows only share a slot when their tags collide.
-        let slots: Vec<u16> = key_list.iter().map(|k| keys::slot(k.as_bytes())).collect();
+        // The slot check: keys of one show share a tag by construction (and
+        // the direct path computes their slot once to route them), but seats
+        // of several shows only share a slot when their tags collide.
+        let slots: Vec<u16> = if shows.len() > 1 {
+            key_list.iter().map(|k| keys::slot(k.as_bytes())).collect()
+        } else {
+            Vec::new()
+        };
         if slots.iter().any(|&s| s != slots[0]) {
             m_counter(m::CROSS_SLOT_REJECTIONS, 1);
             let first_seat = 1 + shows.len();
