@@ -359,6 +359,28 @@ run_client() {
   client_cpu=$(awk 'NR == FNR { a = $1; next } { printf "%.3f", $1 - a }' "$work/cpu0" "$work/cpu1")
 }
 
+# measure_client CMD...: one measured run of a load generator on an emptied
+# cluster: output in $work/step.out and step.err, exit code in client_rc,
+# and in probes the arguments finish_step needs (CPU, keys and daemon
+# counters before and after, wall and client CPU seconds).
+probes=()
+measure_client() {
+  local c0 c1 k0 k1 d0 d1 t0 t1 wall
+  empty_cluster
+  wait_for_idle
+  k0=$(master_keys)
+  d0=$(daemon_counters)
+  c0=$(cpu_snapshot)
+  t0=$(date +%s%N)
+  run_client "$work/step.out" "$work/step.err" "$@"
+  t1=$(date +%s%N)
+  c1=$(cpu_snapshot)
+  k1=$(master_keys)
+  d1=$(daemon_counters)
+  wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN{print (b - a) / 1e9}')
+  probes=("$c0" "$c1" "$k0" "$k1" "$wall" "$client_cpu" "$d0" "$d1")
+}
+
 # Results of the last step, set by run_wrk / run_raw.
 declare -A R
 
@@ -453,32 +475,18 @@ measure_wrk() {
   while [[ "$1" != -- ]]; do env+=("$1"); shift; done
   shift
   local wrk_args=("$@")
-  local c0 c1 k0 k1 d0 d1 t0 t1 rc
-  empty_cluster
-  wait_for_idle
-  k0=$(master_keys)
-  d0=$(daemon_counters)
-  c0=$(cpu_snapshot)
-  t0=$(date +%s%N)
-  run_client "$work/step.out" "$work/step.err" env "${env[@]}" BENCH_RUN="${run_id}m${step}a$attempt" \
+  measure_client env "${env[@]}" BENCH_RUN="${run_id}m${step}a$attempt" \
     timeout $((duration + 30)) wrk -d "${duration}s" "${wrk_args[@]}"
-  rc=$client_rc
-  t1=$(date +%s%N)
-  c1=$(cpu_snapshot)
-  k1=$(master_keys)
-  d1=$(daemon_counters)
-  if ((rc != 0)) || ! grep -q '^BENCH' "$work/step.out"; then
+  if ((client_rc != 0)) || ! grep -q '^BENCH' "$work/step.out"; then
     cat "$work/step.out" "$work/step.err" >&2
-    die "wrk failed in step $step (exit $rc)"
+    die "wrk failed in step $step (exit $client_rc)"
   fi
-  local client=$client_cpu wall
-  wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN{print (b - a) / 1e9}')
   R=()
   local kv
   while IFS= read -r kv; do
     R[${kv%%=*}]=${kv#*=}
   done < <(grep '^BENCH' "$work/step.out" | head -n 1 | tr '\t' '\n' | tail -n +2)
-  finish_step "$c0" "$c1" "$k0" "$k1" "$wall" "$client" "$d0" "$d1"
+  finish_step "${probes[@]}"
   local secs
   secs=$(awk -v d="${R[duration_us]}" 'BEGIN{print d / 1e6}')
   R[rps]=$(awk -v n="${R[requests]}" -v s="$secs" 'BEGIN{printf "%.0f", n / s}')
@@ -527,29 +535,15 @@ measure_raw() {
   while [[ "$1" != -- ]]; do args+=("$1"); shift; done
   shift
   local cmd=("$@")
-  local line c0 c1 k0 k1 d0 d1 t0 t1 rc
-  empty_cluster
-  wait_for_idle
-  k0=$(master_keys)
-  d0=$(daemon_counters)
-  c0=$(cpu_snapshot)
-  t0=$(date +%s%N)
-  run_client "$work/step.out" "$work/step.err" \
-    timeout $((duration * 4 + 30)) redis-benchmark "${args[@]}" -n "$n" "${cmd[@]}"
-  rc=$client_rc
-  t1=$(date +%s%N)
-  c1=$(cpu_snapshot)
-  k1=$(master_keys)
-  d1=$(daemon_counters)
+  local line
+  measure_client timeout $((duration * 4 + 30)) redis-benchmark "${args[@]}" -n "$n" "${cmd[@]}"
   line=$(grep '^"SET' "$work/step.out" | tail -n 1 || true)
-  if ((rc != 0)) || [[ -z "$line" ]]; then
+  if ((client_rc != 0)) || [[ -z "$line" ]]; then
     cat "$work/step.out" "$work/step.err" >&2
-    die "redis-benchmark failed in step $step (exit $rc)"
+    die "redis-benchmark failed in step $step (exit $client_rc)"
   fi
-  local client=$client_cpu wall
-  wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN{print (b - a) / 1e9}')
   R=()
-  finish_step "$c0" "$c1" "$k0" "$k1" "$wall" "$client" "$d0" "$d1"
+  finish_step "${probes[@]}"
   # "test","rps","avg","min","p50","p95","p99","max"
   R[rps]=$(awk -F'"' '{printf "%.0f", $4}' <<<"$line")
   R[ok_rps]=${R[rps]}

@@ -422,10 +422,8 @@ impl Cluster {
     async fn open_direct(&self, addr: &str) -> Result<MultiplexedConnection, Error> {
         let client = self.node_client(addr)?;
         // No response timeout of its own: every use is bounded by `bounded`,
-        // which also counts the timeout.
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(None);
+        // which also counts the timeout; the connect is bounded below.
+        let config = AsyncConnectionConfig::new().set_response_timeout(None);
         let connect = client.get_multiplexed_async_connection_with_config(&config);
         match tokio::time::timeout(self.timeout, connect).await {
             Ok(conn) => Ok(conn?),

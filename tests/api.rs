@@ -773,6 +773,22 @@ async fn holds_survive_a_script_flush() {
     );
 }
 
+/// Runs `lua/hold.lua` itself for the seats `keys` name, under `token`.
+async fn run_hold(
+    conn: &mut redis::cluster_async::ClusterConnection,
+    keys: &[String],
+    token: &str,
+    encoded: &str,
+) -> Vec<i64> {
+    seathold::scripts::Scripts::embedded()
+        .hold
+        .run(conn, keys, |c| {
+            c.arg(token).arg(60_000).arg(1).arg("s").arg(encoded);
+        })
+        .await
+        .expect("hold.lua")
+}
+
 /// A hold sent again with the same token (what a resend after a reply lost
 /// with its connection does) answers as the first run did: granted, same
 /// fence, same expiry, nothing written again. Any other token still finds
@@ -781,7 +797,6 @@ async fn holds_survive_a_script_flush() {
 async fn a_hold_resent_with_its_token_answers_as_the_first_run() {
     let sh = show("resend");
     let keyspace = seathold::keys::KeySpace::new("seat-hold:");
-    let hold = seathold::scripts::Scripts::embedded().hold;
     let mut conn = redis().await;
     for seats in [vec!["A1"], vec!["B1", "B2", "B3"]] {
         let token = uuid::Uuid::new_v4().to_string();
@@ -789,23 +804,10 @@ async fn a_hold_resent_with_its_token_answers_as_the_first_run() {
         keys.extend(seats.iter().map(|s| keyspace.seat(&sh, s)));
         let encoded: Vec<String> = seats.iter().map(|s| format!("{sh}/{s}")).collect();
         let encoded = encoded.join(" ");
-        let run = |token: String| {
-            let (keys, encoded, hold) = (keys.clone(), encoded.clone(), hold.clone());
-            async move {
-                let mut conn = redis().await;
-                let reply: Vec<i64> = hold
-                    .run(&mut conn, &keys, |c| {
-                        c.arg(&token).arg(60_000).arg(1).arg("s").arg(&encoded);
-                    })
-                    .await
-                    .expect("hold.lua");
-                reply
-            }
-        };
-        let first = run(token.clone()).await;
+        let first = run_hold(&mut conn, &keys, &token, &encoded).await;
         assert_eq!(first[0], 1, "granted: {first:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let again = run(token.clone()).await;
+        let again = run_hold(&mut conn, &keys, &token, &encoded).await;
         assert_eq!(again[0], 1, "the resend is granted too: {again:?}");
         assert_eq!(again[1], first[1], "same fence");
         let (expiry, expiry_again) = (first[3] + first[2], again[3] + again[2]);
@@ -816,7 +818,8 @@ async fn a_hold_resent_with_its_token_answers_as_the_first_run() {
         assert!(again[2] < first[2], "the remaining time went down");
         let fence: i64 = conn.get(keyspace.fence(&sh)).await.expect("GET fence");
         assert_eq!(fence, first[1], "the resend did not move the fence");
-        let other = run(uuid::Uuid::new_v4().to_string()).await;
+        let other_token = uuid::Uuid::new_v4().to_string();
+        let other = run_hold(&mut conn, &keys, &other_token, &encoded).await;
         assert_eq!(
             other[0], 0,
             "another token finds the seats taken: {other:?}"

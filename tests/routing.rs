@@ -13,7 +13,7 @@ use common::{cluster, eventually, master_ports, node, server, show};
 
 const FALLBACKS: &str = "seathold_redis_direct_fallbacks_total";
 
-async fn cluster_cmd(port: u16, args: &[&str]) -> redis::RedisResult<redis::Value> {
+async fn cluster_cmd<T: redis::FromRedisValue>(port: u16, args: &[&str]) -> redis::RedisResult<T> {
     let mut cmd = redis::cmd("CLUSTER");
     for a in args {
         cmd.arg(*a);
@@ -22,42 +22,34 @@ async fn cluster_cmd(port: u16, args: &[&str]) -> redis::RedisResult<redis::Valu
 }
 
 async fn my_id(port: u16) -> String {
-    let id: String = redis::cmd("CLUSTER")
-        .arg("MYID")
-        .query_async(&mut node(port).await)
-        .await
-        .expect("CLUSTER MYID");
-    id
+    cluster_cmd(port, &["MYID"]).await.expect("CLUSTER MYID")
 }
 
 /// Moves the empty `slot` from master `from` to master `to`, the way
 /// `redis-cli --cluster reshard` does: IMPORTING, MIGRATING, then NODE on
 /// the target, the source and every other master.
 async fn move_empty_slot(slot: u16, from: u16, to: u16) {
-    let keys: i64 = redis::cmd("CLUSTER")
-        .arg("COUNTKEYSINSLOT")
-        .arg(slot)
-        .query_async(&mut node(from).await)
+    let keys: i64 = cluster_cmd(from, &["COUNTKEYSINSLOT", &slot.to_string()])
         .await
         .expect("COUNTKEYSINSLOT");
     assert_eq!(keys, 0, "slot {slot} must be empty to move it this way");
     let (from_id, to_id) = (my_id(from).await, my_id(to).await);
     let slot = slot.to_string();
-    cluster_cmd(to, &["SETSLOT", &slot, "IMPORTING", &from_id])
+    cluster_cmd::<()>(to, &["SETSLOT", &slot, "IMPORTING", &from_id])
         .await
         .expect("IMPORTING");
-    cluster_cmd(from, &["SETSLOT", &slot, "MIGRATING", &to_id])
+    cluster_cmd::<()>(from, &["SETSLOT", &slot, "MIGRATING", &to_id])
         .await
         .expect("MIGRATING");
-    cluster_cmd(to, &["SETSLOT", &slot, "NODE", &to_id])
+    cluster_cmd::<()>(to, &["SETSLOT", &slot, "NODE", &to_id])
         .await
         .expect("NODE on the target");
-    cluster_cmd(from, &["SETSLOT", &slot, "NODE", &to_id])
+    cluster_cmd::<()>(from, &["SETSLOT", &slot, "NODE", &to_id])
         .await
         .expect("NODE on the source");
     for other in master_ports().await {
         if other != from && other != to {
-            cluster_cmd(other, &["SETSLOT", &slot, "NODE", &to_id])
+            cluster_cmd::<()>(other, &["SETSLOT", &slot, "NODE", &to_id])
                 .await
                 .expect("NODE on another master");
         }
