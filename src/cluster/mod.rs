@@ -32,6 +32,9 @@ use tokio::sync::watch;
 
 use crate::error::{Error, RedisFault};
 use crate::keys::SLOTS;
+
+mod topology;
+pub use topology::{SlotRange, Topology};
 use crate::scripts::{Script, Scripts};
 
 /// How to reach the cluster.
@@ -80,72 +83,6 @@ fn publish_direct(direct: &HashMap<Arc<str>, MultiplexedConnection>) {
     metrics::gauge!(crate::metrics::DIRECT_CONNECTIONS).set(direct.len() as f64);
 }
 
-/// The masters and who serves each slot, from `CLUSTER SLOTS`.
-#[derive(Debug, Clone, Default)]
-pub struct Topology {
-    /// Master addresses `host:port`, sorted.
-    pub masters: Vec<String>,
-    /// For each covered slot range: first slot, last slot, index into `masters`.
-    ranges: Vec<(u16, u16, usize)>,
-}
-
-impl Topology {
-    /// Parses a `CLUSTER SLOTS` reply.
-    pub fn from_cluster_slots(reply: &Value) -> Option<Self> {
-        let Value::Array(entries) = reply else {
-            return None;
-        };
-        let mut raw = Vec::with_capacity(entries.len());
-        for entry in entries {
-            let Value::Array(fields) = entry else {
-                return None;
-            };
-            let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(master))) =
-                (fields.first(), fields.get(1), fields.get(2))
-            else {
-                return None;
-            };
-            let host = match master.first()? {
-                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-                Value::SimpleString(s) => s.clone(),
-                _ => return None,
-            };
-            let Value::Int(port) = master.get(1)? else {
-                return None;
-            };
-            raw.push((
-                u16::try_from(*start).ok()?,
-                u16::try_from(*end).ok()?,
-                format!("{host}:{port}"),
-            ));
-        }
-        let mut masters: Vec<String> = raw.iter().map(|(_, _, m)| m.clone()).collect();
-        masters.sort();
-        masters.dedup();
-        let mut ranges: Vec<(u16, u16, usize)> = raw
-            .into_iter()
-            .filter_map(|(s, e, m)| masters.binary_search(&m).ok().map(|i| (s, e, i)))
-            .collect();
-        ranges.sort_unstable();
-        Some(Self { masters, ranges })
-    }
-
-    /// The master serving `slot`.
-    pub fn master_of(&self, slot: u16) -> Option<&str> {
-        let i = self.ranges.partition_point(|&(start, _, _)| start <= slot);
-        let &(start, end, m) = self.ranges.get(i.checked_sub(1)?)?;
-        (start <= slot && slot <= end).then(|| self.masters[m].as_str())
-    }
-
-    /// Number of slots some master serves.
-    pub fn covered_slots(&self) -> u32 {
-        self.ranges
-            .iter()
-            .map(|&(s, e, _)| u32::from(e) - u32::from(s) + 1)
-            .sum()
-    }
-}
-
 /// The Redis side of the daemon.
 pub struct Cluster {
     client: ClusterClient,
@@ -155,6 +92,9 @@ pub struct Cluster {
     tls: Option<redis::TlsCertificates>,
     /// Whether the seeds are `rediss://`.
     tls_seeds: bool,
+    /// `host:port` of the first seed: whom an unnamed endpoint in a slot map
+    /// refers to.
+    seed_addr: String,
     topology: RwLock<Arc<Topology>>,
     /// Idle dedicated connections per master, for confirm + WAIT.
     confirm_pool: Mutex<HashMap<String, Vec<MultiplexedConnection>>>,
@@ -209,6 +149,7 @@ impl Cluster {
         }
         let node_template = infos[0].clone();
         let tls_seeds = matches!(node_template.addr(), ConnectionAddr::TcpTls { .. });
+        let seed_addr = node_template.addr().to_string();
         let mut builder = ClusterClientBuilder::new(infos.clone())
             .connection_timeout(opts.timeout)
             .response_timeout(opts.timeout)
@@ -235,6 +176,7 @@ impl Cluster {
             node_template,
             tls: opts.tls.clone(),
             tls_seeds,
+            seed_addr,
             topology: RwLock::new(Arc::new(Topology::default())),
             confirm_pool: Mutex::new(HashMap::new()),
             direct: RwLock::new(HashMap::new()),
@@ -533,7 +475,7 @@ impl Cluster {
                 return Err("Redis probe timed out".into());
             }
         };
-        let topo = Topology::from_cluster_slots(&slots).ok_or("unexpected CLUSTER SLOTS reply")?;
+        let topo = Topology::from_cluster_slots(&slots, &self.seed_addr).ok_or("unexpected CLUSTER SLOTS reply")?;
         self.install_topology(topo).await;
         if !info.lines().any(|l| l.trim() == "cluster_state:ok") {
             return Err("Redis reports cluster_state other than ok".into());
@@ -546,9 +488,7 @@ impl Cluster {
     }
 
     async fn install_topology(&self, topo: Topology) {
-        let changed =
-            self.topology().masters != topo.masters || self.topology().ranges != topo.ranges;
-        if !changed {
+        if *self.topology() == topo {
             return;
         }
         tracing::info!(masters = ?topo.masters, "Redis Cluster topology changed");
