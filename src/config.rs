@@ -163,6 +163,16 @@ pub struct Options {
     #[arg(long, env = "SEATHOLD_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,
 
+    /// How often an idle expiry-event subscription is pinged, to notice a
+    /// master that vanished without closing the connection.
+    #[arg(
+        long,
+        env = "SEATHOLD_EXPIRY_PING_INTERVAL_MS",
+        default_value_t = 5_000,
+        value_parser = clap::value_parser!(u64).range(100..)
+    )]
+    pub expiry_ping_interval_ms: u64,
+
     /// Log format.
     #[arg(long, env = "SEATHOLD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

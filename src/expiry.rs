@@ -32,17 +32,25 @@ struct Shared {
     cluster: Arc<Cluster>,
     keys: KeySpace,
     subscribed: AtomicUsize,
+    /// How often an idle subscription is pinged.
+    ping_interval: Duration,
     /// Masters on which events are off and could not be turned on.
     disabled: AtomicUsize,
 }
 
 /// Runs the subscribers until `shutdown` turns true.
-pub async fn run(cluster: Arc<Cluster>, keys: KeySpace, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(
+    cluster: Arc<Cluster>,
+    keys: KeySpace,
+    ping_interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut topology = cluster.watch_topology();
     let shared = Arc::new(Shared {
         cluster,
         keys,
         subscribed: AtomicUsize::new(0),
+        ping_interval,
         disabled: AtomicUsize::new(0),
     });
     let mut tasks: HashMap<String, JoinHandle<()>> = HashMap::new();
@@ -186,7 +194,7 @@ async fn session(
 
     // A ping now and then notices a half-open connection (a node that
     // vanished without closing the socket).
-    let mut ping = tokio::time::interval(Duration::from_secs(5));
+    let mut ping = tokio::time::interval(shared.ping_interval);
     ping.tick().await;
     loop {
         tokio::select! {

@@ -97,6 +97,7 @@ pub async fn run(
     let expiry = tokio::spawn(crate::expiry::run(
         Arc::clone(app.service.cluster()),
         app.service.keys().clone(),
+        Duration::from_millis(opts.expiry_ping_interval_ms),
         stop_rx,
     ));
     if let Ok(addr) = listener.local_addr() {
