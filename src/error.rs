@@ -7,124 +7,8 @@
 use hyper::StatusCode;
 use serde::Serialize;
 
-/// A seat that a hold could not take.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct Taken {
-    /// Set for holds made with `POST /v1/holds`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub show: Option<String>,
-    pub seat: String,
-    /// `held` or `sold`.
-    pub state: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expires_in_ms: Option<i64>,
-}
-
-/// The slot of one seat of a refused cross-slot hold.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct SeatSlot {
-    pub show: String,
-    pub seat: String,
-    pub slot: u16,
-}
-
-/// A confirmation, sent with 200 or, when replication fell short, inside the
-/// 503 `not_replicated` body.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Confirmation {
-    pub hold_token: String,
-    pub show: String,
-    pub seats: serde_json::Value,
-    pub fence: i64,
-    pub replicas: i64,
-}
-
-/// Why Redis could not serve a request; the `kind` label of
-/// `seathold_redis_errors_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RedisFault {
-    /// No answer within `--redis-timeout-ms`.
-    Timeout,
-    /// Connection refused, reset or closed.
-    Io,
-    /// The cluster is down, a master is unreachable, or slots are moving.
-    Cluster,
-    /// A node refused a write because it is a replica.
-    ReadOnly,
-    /// The ACL user lacks a permission, or authentication failed.
-    Auth,
-    /// No cluster connection yet (start-up before the cluster was reachable).
-    NotConnected,
-    /// A reply that seathold did not expect (a bug, or a key of a foreign type).
-    Protocol,
-    /// Any other error reply.
-    Other,
-}
-
-impl RedisFault {
-    /// Every kind, for registering the series at zero.
-    pub const ALL: [Self; 8] = [
-        Self::Timeout,
-        Self::Io,
-        Self::Cluster,
-        Self::ReadOnly,
-        Self::Auth,
-        Self::NotConnected,
-        Self::Protocol,
-        Self::Other,
-    ];
-
-    /// The metric label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Timeout => "timeout",
-            Self::Io => "io",
-            Self::Cluster => "cluster",
-            Self::ReadOnly => "readonly",
-            Self::Auth => "auth",
-            Self::NotConnected => "not_connected",
-            Self::Protocol => "protocol",
-            Self::Other => "other",
-        }
-    }
-
-    /// Classifies an error of the redis client.
-    pub fn of(err: &redis::RedisError) -> Self {
-        use redis::{ErrorKind as K, ServerErrorKind as S};
-        if err.is_timeout() {
-            return Self::Timeout;
-        }
-        // The cluster client reports a failed initial connection as an I/O
-        // error whose text names the authentication failure.
-        let text = err.to_string();
-        if ["AuthenticationFailed", "WRONGPASS", "NOAUTH", "NOPERM"]
-            .iter()
-            .any(|c| text.contains(c))
-        {
-            return Self::Auth;
-        }
-        match err.kind() {
-            K::Io | K::ClusterConnectionNotFound => Self::Io,
-            K::AuthenticationFailed => Self::Auth,
-            K::Parse | K::UnexpectedReturnType => Self::Protocol,
-            K::Server(S::NoPerm) => Self::Auth,
-            K::Server(S::ReadOnly) => Self::ReadOnly,
-            K::Server(
-                S::ClusterDown | S::MasterDown | S::TryAgain | S::Moved | S::Ask | S::BusyLoading,
-            ) => Self::Cluster,
-            _ if err.is_connection_dropped()
-                || err.is_connection_refusal()
-                || err.is_io_error() =>
-            {
-                Self::Io
-            }
-            _ if err.code() == Some("NOAUTH") || err.code() == Some("WRONGPASS") => Self::Auth,
-            _ => Self::Other,
-        }
-    }
-}
+use crate::cluster::RedisFault;
+use crate::model::{Confirmation, SeatSlot, Taken};
 
 /// Every way a request can fail.
 #[derive(Debug, thiserror::Error)]
@@ -223,27 +107,61 @@ impl Error {
     }
 
     /// The JSON body: `error`, `message` and the details the contract names.
-    pub fn body(&self) -> serde_json::Value {
-        let mut body = serde_json::json!({ "error": self.code(), "message": self.to_string() });
-        let extra = match self {
-            Self::SeatsTaken(taken) => serde_json::json!({ "taken": taken }),
-            Self::CrossSlot(slots) => serde_json::json!({ "slots": slots }),
+    pub fn body(&self) -> ErrorBody<'_> {
+        let detail = match self {
+            Self::SeatsTaken(taken) => Detail::Taken { taken },
+            Self::CrossSlot(slots) => Detail::Slots { slots },
             Self::LifetimeExceeded {
                 max_ms,
                 remaining_ms,
-            } => {
-                serde_json::json!({ "maxHoldLifetimeMs": max_ms, "allowedTtlMs": remaining_ms.max(&0) })
-            }
-            Self::NotReplicated(c) => serde_json::to_value(c).unwrap_or_default(),
-            Self::TooManySeats(max) => serde_json::json!({ "maxSeats": max }),
-            Self::PayloadTooLarge(max) => serde_json::json!({ "maxBytes": max }),
-            _ => return body,
+            } => Detail::Lifetime {
+                max_hold_lifetime_ms: *max_ms,
+                allowed_ttl_ms: (*remaining_ms).max(0),
+            },
+            Self::NotReplicated(confirmation) => Detail::Confirmation(confirmation),
+            Self::TooManySeats(max) => Detail::MaxSeats { max_seats: *max },
+            Self::PayloadTooLarge(max) => Detail::MaxBytes { max_bytes: *max },
+            _ => Detail::None {},
         };
-        if let (Some(body), serde_json::Value::Object(extra)) = (body.as_object_mut(), extra) {
-            body.extend(extra);
+        ErrorBody {
+            error: self.code(),
+            message: self.to_string(),
+            detail,
         }
-        body
     }
+}
+
+/// An error's JSON body.
+#[derive(Debug, Serialize)]
+pub struct ErrorBody<'a> {
+    error: &'static str,
+    message: String,
+    #[serde(flatten)]
+    detail: Detail<'a>,
+}
+
+/// The details an error code carries besides `error` and `message`.
+#[derive(Debug, Serialize)]
+#[serde(untagged, rename_all_fields = "camelCase")]
+enum Detail<'a> {
+    None {},
+    Taken {
+        taken: &'a [Taken],
+    },
+    Slots {
+        slots: &'a [SeatSlot],
+    },
+    Lifetime {
+        max_hold_lifetime_ms: u64,
+        allowed_ttl_ms: i64,
+    },
+    Confirmation(&'a Confirmation),
+    MaxSeats {
+        max_seats: usize,
+    },
+    MaxBytes {
+        max_bytes: usize,
+    },
 }
 
 impl From<redis::RedisError> for Error {

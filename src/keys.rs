@@ -8,11 +8,10 @@
 
 use std::fmt::Write as _;
 
+use crate::ids::valid_id;
+
 /// Number of hash slots in a Redis Cluster.
 pub const SLOTS: u16 = 16384;
-
-/// Longest show or seat id the API accepts.
-pub const MAX_ID_LEN: usize = 64;
 
 /// Default key prefix, the reference article's.
 pub const DEFAULT_PREFIX: &str = "seat-hold:";
@@ -20,16 +19,6 @@ pub const DEFAULT_PREFIX: &str = "seat-hold:";
 /// Value prefix that marks a sold seat. A hold token is a UUID and can never
 /// start with it.
 pub const SOLD_PREFIX: &str = "sold:";
-
-/// Whether `id` is a valid show or seat id: 1 to 64 characters from
-/// `[A-Za-z0-9_.-]`.
-pub fn valid_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= MAX_ID_LEN
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
-}
 
 /// Whether `prefix` can serve as a key prefix: braces would change the hash
 /// tag of every key, so they are refused.
@@ -82,33 +71,51 @@ impl KeySpace {
 
     /// `<prefix>{show:<show>}:<seat>`: holds the token while held (with the
     /// hold's TTL), `sold:<token>` without TTL once sold.
-    pub fn seat(&self, show: &str, seat: &str) -> String {
+    pub fn seat<S: AsRef<str> + ?Sized, T: AsRef<str> + ?Sized>(
+        &self,
+        show: &S,
+        seat: &T,
+    ) -> String {
+        let (show, seat) = (show.as_ref(), seat.as_ref());
         let mut key = self.tagged(show, seat.len() + 1);
         key.push(':');
         key.push_str(seat);
         key
     }
 
-    /// `<prefix>{show:<show>}#hold:<token>`: the hold record (a hash), under
-    /// the hold's home show, with the hold's TTL.
-    pub fn hold_record(&self, show: &str, token: &str) -> String {
-        let mut key = self.tagged(show, token.len() + 6);
-        key.push_str("#hold:");
+    /// `<prefix>{show:<show>}#<kind>:<token>`: a record of one hold.
+    fn record(&self, show: &str, kind: &str, token: &str) -> String {
+        let mut key = self.tagged(show, kind.len() + token.len() + 2);
+        key.push('#');
+        key.push_str(kind);
+        key.push(':');
         key.push_str(token);
         key
+    }
+
+    /// `<prefix>{show:<show>}#hold:<token>`: the hold record, under the
+    /// hold's home show, with the hold's TTL.
+    pub fn hold_record(
+        &self,
+        show: &(impl AsRef<str> + ?Sized),
+        token: &(impl AsRef<str> + ?Sized),
+    ) -> String {
+        self.record(show.as_ref(), "hold", token.as_ref())
     }
 
     /// `<prefix>{show:<show>}#sale:<token>`: the record of a confirmed hold,
     /// kept without TTL so a repeated confirm answers the same.
-    pub fn sale_record(&self, show: &str, token: &str) -> String {
-        let mut key = self.tagged(show, token.len() + 6);
-        key.push_str("#sale:");
-        key.push_str(token);
-        key
+    pub fn sale_record(
+        &self,
+        show: &(impl AsRef<str> + ?Sized),
+        token: &(impl AsRef<str> + ?Sized),
+    ) -> String {
+        self.record(show.as_ref(), "sale", token.as_ref())
     }
 
     /// `<prefix>{show:<show>}#fence`: the show's fence counter.
-    pub fn fence(&self, show: &str) -> String {
+    pub fn fence(&self, show: &(impl AsRef<str> + ?Sized)) -> String {
+        let show = show.as_ref();
         let mut key = self.tagged(show, 6);
         key.push_str("#fence");
         key
@@ -126,7 +133,8 @@ impl KeySpace {
     }
 
     /// The slot of every key of `show`.
-    pub fn show_slot(&self, show: &str) -> u16 {
+    pub fn show_slot(&self, show: &(impl AsRef<str> + ?Sized)) -> u16 {
+        let show = show.as_ref();
         let mut tag = String::with_capacity(show.len() + 5);
         let _ = write!(tag, "show:{show}");
         slot(tag.as_bytes())
@@ -138,24 +146,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ids() {
-        assert!(valid_id("E7"));
-        assert!(valid_id("42-floor.upper_1"));
-        assert!(valid_id(&"a".repeat(64)));
-        assert!(!valid_id(&"a".repeat(65)));
-        for bad in ["", "a b", "a{b", "a}b", "a:b", "a/b", "é", "a,b", "a\n"] {
-            assert!(!valid_id(bad), "{bad:?}");
-        }
-    }
-
-    #[test]
     fn key_schema() {
         let ks = KeySpace::new(DEFAULT_PREFIX);
         assert_eq!(ks.seat("42", "E7"), "seat-hold:{show:42}:E7");
         assert_eq!(ks.fence("42"), "seat-hold:{show:42}#fence");
-        let rec = ks.hold_record("42", "tok");
-        assert_eq!(rec, "seat-hold:{show:42}#hold:tok");
-        assert_eq!(ks.parse_hold_record(&rec), Some(("42", "tok")));
+        let token = crate::ids::HoldToken::new();
+        let rec = ks.hold_record("42", &token);
+        assert_eq!(
+            rec,
+            format!("seat-hold:{{show:42}}#hold:{}", token.as_str())
+        );
+        assert_eq!(ks.parse_hold_record(&rec), Some(("42", token.as_str())));
         assert_eq!(ks.parse_hold_record("seat-hold:{show:42}:E7"), None);
         assert_eq!(ks.parse_hold_record("other:{show:42}#hold:t"), None);
         let s = ks.show_slot("42");
@@ -163,7 +164,7 @@ mod tests {
             ks.seat("42", "E7"),
             rec,
             ks.fence("42"),
-            ks.sale_record("42", "t"),
+            ks.sale_record("42", &token),
         ] {
             assert_eq!(slot(key.as_bytes()), s);
         }

@@ -8,16 +8,23 @@
 //!
 //! # Layout
 //!
+//! A request flows `server` -> `http` -> `hold` -> `cluster` -> `scripts`.
+//!
 //! - [`config`]: the command line and environment, and its checks.
-//! - [`server`]: accept loop, graceful shutdown, `seathold dev`.
-//! - [`http`]: routing, bodies, responses.
-//! - [`hold`]: the hold operations behind the routes.
-//! - [`error`]: the one error type and its status codes and bodies.
-//! - [`keys`]: id rules, the key schema, hash slots (CRC16 as Redis does).
+//! - [`server`]: accept loop, graceful shutdown, `seathold dev`'s banner.
+//! - [`tasks`]: background tasks, started and stopped the same way.
+//! - [`http`]: routes and their methods, bodies, one handler per route.
+//! - [`ids`]: show, seat and token ids, parsed once at the HTTP edge.
+//! - [`model`]: every body the API answers with, typed.
+//! - [`error`]: the one error type, its status codes and bodies.
+//! - [`hold`]: the hold operations: typed ids in, one script, a shaped answer.
+//! - [`keys`]: the key schema and hash slots (CRC16 as Redis does).
 //! - [`scripts`]: the Lua scripts of `lua/`, run by EVALSHA.
-//! - [`cluster`]: the Redis Cluster connection, slot map, readiness.
+//! - [`cluster`]: the Redis Cluster side: slot map, direct per-master path,
+//!   confirm's dedicated connections and `WAIT`, fault classes, the request
+//!   deadline, readiness.
 //! - [`expiry`]: counts expired holds from every master's keyspace events.
-//! - [`metrics`]: metric names and the Prometheus recorder.
+//! - [`metrics`]: metric names, the Prometheus recorder and its upkeep.
 //! - [`dev`]: a local Redis Cluster from `redis-server`, for `seathold dev`
 //!   and the tests.
 
@@ -28,10 +35,13 @@ pub mod error;
 pub mod expiry;
 pub mod hold;
 pub mod http;
+pub mod ids;
 pub mod keys;
 pub mod metrics;
+pub mod model;
 pub mod scripts;
 pub mod server;
+pub mod tasks;
 
 /// Sets up logging to stderr in the chosen format.
 pub fn init_tracing(format: config::LogFormat, filter: &str) {

@@ -174,11 +174,23 @@ pub fn register_zeroes() {
     ] {
         metrics::counter!(name).increment(0);
     }
-    for kind in crate::error::RedisFault::ALL {
+    for kind in crate::cluster::RedisFault::ALL {
         metrics::counter!(REDIS_ERRORS, "kind" => kind.label()).increment(0);
     }
     metrics::gauge!(CLUSTER_READY).set(0.0);
     metrics::gauge!(HTTP_IN_FLIGHT).set(0.0);
     metrics::gauge!(HTTP_CONNECTIONS).set(0.0);
     metrics::gauge!(DIRECT_CONNECTIONS).set(0.0);
+}
+
+/// Drains the recorder's histogram buffers every 5 s until `stop` turns
+/// true: a scrape drains them too, but without scrapes they would pile up.
+pub async fn upkeep(handle: PrometheusHandle, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => handle.run_upkeep(),
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
 }

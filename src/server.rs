@@ -18,14 +18,14 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, Readiness};
 use crate::config::{DevOptions, Options};
 use crate::hold::Service;
 use crate::http::{self, App};
 use crate::keys::KeySpace;
 use crate::scripts::Scripts;
+use crate::tasks::Background;
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -44,11 +44,12 @@ pub enum StartError {
 }
 
 /// Builds the application state for `opts`; connects to Redis in the
-/// background.
+/// background (see [`run`]).
 pub fn app(opts: &Options) -> Result<Arc<App>, StartError> {
     opts.validate()?;
     let redis = opts.redis()?;
-    let cluster = Cluster::new(&redis, Scripts::embedded())?;
+    let readiness = Arc::new(Readiness::default());
+    let cluster = Cluster::new(&redis, Scripts::embedded(), Arc::clone(&readiness))?;
     let metrics = crate::metrics::install();
     crate::metrics::register_zeroes();
     let service = Service::new(
@@ -56,7 +57,26 @@ pub fn app(opts: &Options) -> Result<Arc<App>, StartError> {
         KeySpace::new(opts.key_prefix.clone()),
         opts.limits(),
     );
-    Ok(Arc::new(App::new(service, metrics, opts)))
+    Ok(Arc::new(App::new(service, metrics, readiness, opts)))
+}
+
+/// Starts the background work of `app`: the cluster's upkeep (connection,
+/// slot map, readiness), the expiry subscriptions and the metrics upkeep.
+fn background(app: &App, opts: &Options) -> Background {
+    let mut tasks = Background::default();
+    let cluster = Arc::clone(app.service.cluster());
+    tasks.spawn("cluster", |stop| cluster.maintain(stop));
+    let (cluster, keys) = (
+        Arc::clone(app.service.cluster()),
+        app.service.keys().clone(),
+    );
+    let ping = Duration::from_millis(opts.expiry_ping_interval_ms);
+    tasks.spawn("expiry", move |stop| {
+        crate::expiry::run(cluster, keys, ping, stop)
+    });
+    let handle = app.metrics.clone();
+    tasks.spawn("metrics", |stop| crate::metrics::upkeep(handle, stop));
+    tasks
 }
 
 /// Binds `opts.listen`.
@@ -77,29 +97,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StartError> {
     let app = app(&opts)?;
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let maintain = tokio::spawn(Arc::clone(app.service.cluster()).maintain(stop_rx.clone()));
-    // The recorder buffers histogram samples until they are drained; a
-    // scrape drains them, but without scrapes they would pile up.
-    let upkeep = {
-        let handle = app.metrics.clone();
-        let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(5));
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => handle.run_upkeep(),
-                    _ = stop.wait_for(|s| *s) => return,
-                }
-            }
-        })
-    };
-    let expiry = tokio::spawn(crate::expiry::run(
-        Arc::clone(app.service.cluster()),
-        app.service.keys().clone(),
-        Duration::from_millis(opts.expiry_ping_interval_ms),
-        stop_rx,
-    ));
+    let tasks = background(&app, &opts);
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "serving HTTP");
     }
@@ -115,8 +113,7 @@ pub async fn run(
     };
     accept.until(shutdown).await;
 
-    app.shutting_down.store(true, Ordering::Relaxed);
-    metrics::gauge!(crate::metrics::CLUSTER_READY).set(0.0);
+    app.readiness.start_shutdown();
     let drain = Duration::from_millis(opts.shutdown_drain_ms);
     tracing::info!(
         drain_ms = opts.shutdown_drain_ms,
@@ -135,10 +132,7 @@ pub async fn run(
     {
         tracing::warn!("some connections did not finish in time; closing them");
     }
-    let _ = stop_tx.send(true);
-    let _ = maintain.await;
-    let _ = expiry.await;
-    let _ = upkeep.await;
+    tasks.stop().await;
     tracing::info!("stopped");
     Ok(())
 }

@@ -1,0 +1,107 @@
+//! The direct path: one multiplexed connection per master, so a script goes
+//! straight to its slot's master instead of through the cluster client's
+//! routing task (a channel hop and a task wake-up per request).
+//!
+//! Connections open in the background, one attempt per master at a time, so
+//! a master that cannot be reached never holds up the readiness probe.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use redis::aio::MultiplexedConnection;
+use redis::AsyncConnectionConfig;
+
+use super::deadline::Deadline;
+use super::Cluster;
+use crate::error::Error;
+use crate::metrics as m;
+
+/// Publishes how many masters have a direct connection.
+pub(super) fn publish(direct: &HashMap<Arc<str>, MultiplexedConnection>) {
+    metrics::gauge!(m::DIRECT_CONNECTIONS).set(direct.len() as f64);
+}
+
+impl Cluster {
+    /// The master serving `key`'s slot and the direct connection to it, if
+    /// there is one.
+    pub(super) fn direct_for(&self, key: &str) -> Option<(Arc<str>, MultiplexedConnection)> {
+        let routing = self.routing();
+        let addr = routing
+            .topology
+            .master_of(crate::keys::slot(key.as_bytes()))?;
+        let (addr, conn) = routing.direct.get_key_value(addr)?;
+        Some((Arc::clone(addr), conn.clone()))
+    }
+
+    /// After the direct path to `addr` failed with `err`: a broken
+    /// connection is dropped (the next `maintain` round opens a new one), and
+    /// either way the slot map is refreshed soon.
+    pub(super) fn direct_failed(&self, addr: &str, err: &redis::RedisError) {
+        if !matches!(err.kind(), redis::ErrorKind::Server(_)) {
+            let mut routing = self.routing_mut();
+            routing.direct.remove(addr);
+            publish(&routing.direct);
+        }
+        self.mark_stale();
+    }
+
+    /// Opens, in the background, a direct connection to every master that
+    /// has none and is not being connected to already.
+    pub(super) fn connect_direct(self: &Arc<Self>) {
+        let missing: Vec<String> = {
+            let routing = self.routing();
+            routing
+                .topology
+                .masters
+                .iter()
+                .filter(|addr| !routing.direct.contains_key(addr.as_str()))
+                .cloned()
+                .collect()
+        };
+        for addr in missing {
+            let started = self
+                .connecting
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(addr.clone());
+            if !started {
+                continue;
+            }
+            let me = Arc::clone(self);
+            tokio::spawn(async move {
+                match me.open_direct(&addr).await {
+                    Ok(conn) => {
+                        tracing::debug!(%addr, "direct connection to master open");
+                        let mut routing = me.routing_mut();
+                        // Only while it is still a master.
+                        if routing.topology.masters.binary_search(&addr).is_ok() {
+                            routing.direct.insert(Arc::from(addr.as_str()), conn);
+                            publish(&routing.direct);
+                        }
+                    }
+                    Err(err) => {
+                        tracing::warn!(%addr, error = %err, "cannot open a direct connection to master");
+                    }
+                }
+                me.connecting
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .remove(&addr);
+            });
+        }
+    }
+
+    async fn open_direct(&self, addr: &str) -> Result<MultiplexedConnection, Error> {
+        let client = self.node_client(addr)?;
+        // No response timeout of its own: every use is bounded by the
+        // request's deadline, which also counts the timeout.
+        let config = AsyncConnectionConfig::new().set_response_timeout(None);
+        Deadline::after(self.timeout)
+            .within(async {
+                Ok(client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?)
+            })
+            .await
+    }
+}

@@ -1,0 +1,152 @@
+//! Request bodies: reading them within their limits, and decoding the JSON
+//! of each route.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Body;
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::http::request::Parts;
+use serde::Deserialize;
+
+use crate::error::Error;
+
+/// A request body as hyper hands it over; every reader takes any such body,
+/// so handlers can be driven by tests without a socket.
+pub trait ReqBody: Body<Data = Bytes, Error = Self::Fault> {
+    type Fault: std::error::Error + Send + Sync + 'static;
+}
+
+impl<B> ReqBody for B
+where
+    B: Body<Data = Bytes>,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    type Fault = B::Error;
+}
+
+/// `POST /v1/shows/{show}/holds`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ShowHoldBody {
+    pub seats: Vec<String>,
+    #[serde(default)]
+    pub ttl_ms: Option<serde_json::Value>,
+}
+
+/// One element of `POST /v1/holds`'s `seats`, ids not yet parsed.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSeatRef {
+    pub show: String,
+    pub seat: String,
+}
+
+/// `POST /v1/holds`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MultiHoldBody {
+    pub seats: Vec<RawSeatRef>,
+    #[serde(default)]
+    pub ttl_ms: Option<serde_json::Value>,
+}
+
+/// The optional body of single-seat holds, extend and confirm.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TtlBody {
+    #[serde(default)]
+    pub ttl_ms: Option<serde_json::Value>,
+}
+
+/// `ttlMs` must be a positive integer; its range is the service's rule.
+/// Any JSON value is accepted by the decoder so that a wrong type answers
+/// `invalid_ttl`, not `invalid_request`.
+pub fn ttl(value: Option<serde_json::Value>) -> Result<Option<u64>, Error> {
+    match value {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Number(n)) => match n.as_u64() {
+            Some(v) if v > 0 => Ok(Some(v)),
+            _ => Err(Error::InvalidTtl("ttlMs must be a positive integer".into())),
+        },
+        Some(_) => Err(Error::InvalidTtl("ttlMs must be a positive integer".into())),
+    }
+}
+
+/// The body limits of the server.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_bytes: usize,
+    /// How long a client may take to send a body.
+    pub timeout: Duration,
+}
+
+/// Collects a body of at most `max` bytes within the body timeout.
+async fn read(limits: Limits, body: impl ReqBody) -> Result<Bytes, Error> {
+    let max = limits.max_bytes;
+    let collect = tokio::time::timeout(limits.timeout, Limited::new(body, max).collect());
+    match collect.await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(err)) if err.is::<http_body_util::LengthLimitError>() => {
+            Err(Error::PayloadTooLarge(max))
+        }
+        Ok(Err(err)) => Err(Error::InvalidRequest(format!(
+            "could not read the body: {err}"
+        ))),
+        Err(_) => Err(Error::RequestTimeout),
+    }
+}
+
+/// Reads and decodes a JSON body. With `required`, an empty body is an
+/// error; otherwise it decodes as `{}`. A non-empty body must say it is JSON.
+pub async fn json<T: serde::de::DeserializeOwned>(
+    limits: Limits,
+    head: &Parts,
+    body: impl ReqBody,
+    required: bool,
+) -> Result<T, Error> {
+    let max = limits.max_bytes;
+    let declared = head
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(Error::PayloadTooLarge(max));
+    }
+    let is_json = head
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .eq_ignore_ascii_case("application/json")
+        });
+    // A body that trickles in would hold an in-flight slot forever. A body
+    // that is already known to be empty (no Content-Length, or 0) needs no
+    // timer: most single-seat holds have none.
+    let bytes = if body.is_end_stream() {
+        Bytes::new()
+    } else {
+        read(limits, body).await?
+    };
+    if bytes.is_empty() {
+        if required {
+            return Err(if is_json == Some(true) {
+                Error::InvalidRequest("the body is empty".into())
+            } else {
+                Error::UnsupportedMediaType
+            });
+        }
+        return serde_json::from_slice(b"{}").map_err(|e| Error::InvalidRequest(e.to_string()));
+    }
+    if is_json != Some(true) {
+        return Err(Error::UnsupportedMediaType);
+    }
+    serde_json::from_slice(&bytes)
+        .map_err(|e| Error::InvalidRequest(format!("invalid JSON body: {e}")))
+}

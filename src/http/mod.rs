@@ -1,0 +1,245 @@
+//! The HTTP API: [`handle`] serves one request.
+//!
+//! - [`route`]: paths to routes, templates, and the methods each allows.
+//! - [`body`]: reading bodies within their limits, and their JSON.
+//! - [`handlers`]: one handler per route, parsing its ids once.
+//!
+//! This file holds the application state, the dispatch (probes first, then
+//! authorization and admission for API routes), and the one place an error
+//! becomes a response.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use crate::cluster::Readiness;
+use crate::error::Error;
+use crate::hold::Service;
+use crate::metrics as m;
+use crate::model::Health;
+use body::ReqBody;
+
+pub mod body;
+mod handlers;
+pub mod route;
+
+pub use route::Route;
+
+/// Everything a request handler needs.
+pub struct App {
+    pub service: Service,
+    pub metrics: PrometheusHandle,
+    /// Whether `/readyz` answers 200; the shutdown path turns it off.
+    pub readiness: Arc<Readiness>,
+    body: body::Limits,
+    max_in_flight: usize,
+    api_token: Option<String>,
+    in_flight: AtomicUsize,
+}
+
+impl App {
+    /// The application state, with the HTTP limits of `opts`.
+    pub fn new(
+        service: Service,
+        metrics: PrometheusHandle,
+        readiness: Arc<Readiness>,
+        opts: &crate::config::Options,
+    ) -> Self {
+        Self {
+            service,
+            metrics,
+            readiness,
+            body: body::Limits {
+                max_bytes: opts.max_body_bytes,
+                timeout: Duration::from_millis(opts.header_read_timeout_ms),
+            },
+            max_in_flight: opts.max_in_flight,
+            api_token: opts.api_token.clone(),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    /// Admits one more API request, or refuses it at the in-flight limit:
+    /// past it, queueing would only turn overload into timeouts.
+    fn admit(&self) -> Result<InFlight<'_>, Error> {
+        if self.in_flight.fetch_add(1, Ordering::Relaxed) >= self.max_in_flight {
+            self.in_flight.fetch_sub(1, Ordering::Relaxed);
+            metrics::counter!(m::HTTP_OVERLOADED).increment(1);
+            return Err(Error::Overloaded);
+        }
+        metrics::gauge!(m::HTTP_IN_FLIGHT).increment(1.0);
+        Ok(InFlight(&self.in_flight))
+    }
+
+    /// With `--api-token`, write routes need `Authorization: Bearer <token>`,
+    /// compared in constant time.
+    fn authorize(&self, method: &Method, headers: &hyper::HeaderMap) -> Result<(), Error> {
+        let Some(expected) = &self.api_token else {
+            return Ok(());
+        };
+        if !matches!(*method, Method::POST | Method::DELETE) {
+            return Ok(());
+        }
+        let given = headers
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        if bool::from(subtle::ConstantTimeEq::ct_eq(
+            given.as_bytes(),
+            expected.as_bytes(),
+        )) {
+            Ok(())
+        } else {
+            Err(Error::Unauthorized)
+        }
+    }
+}
+
+/// Counts a request in flight while alive.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+        metrics::gauge!(m::HTTP_IN_FLIGHT).decrement(1.0);
+    }
+}
+
+/// The response type of every route.
+pub type Resp = Response<Full<Bytes>>;
+
+/// Serves one request.
+pub async fn handle(app: Arc<App>, req: Request<impl ReqBody>) -> Resp {
+    let start = Instant::now();
+    let (head, body) = req.into_parts();
+    let route = Route::parse(head.uri.path());
+    let response = dispatch(&app, route, &head, body)
+        .await
+        .unwrap_or_else(error_response);
+    let template = route.template();
+    metrics::histogram!(m::HTTP_DURATION, "route" => template, "status" => status_label(response.status()))
+        .record(start.elapsed().as_secs_f64());
+    tracing::debug!(
+        route = template,
+        status = response.status().as_u16(),
+        micros = start.elapsed().as_micros() as u64,
+        "request"
+    );
+    response
+}
+
+/// Probes and metrics are answered at once and never refused: a load
+/// balancer must see an overloaded instance as alive. API routes are
+/// authorized and admitted, then go to their handler.
+async fn dispatch(
+    app: &App,
+    route: Route<'_>,
+    head: &hyper::http::request::Parts,
+    body: impl ReqBody,
+) -> Result<Resp, Error> {
+    if route == Route::Unknown {
+        return Err(Error::NotFound);
+    }
+    if !route.allows(&head.method) {
+        return Err(Error::MethodNotAllowed(route.allow_header()));
+    }
+    match route {
+        Route::Healthz => return Ok(json(StatusCode::OK, &Health::up("ok"))),
+        Route::Readyz => return Ok(readyz(app)),
+        Route::Metrics => return Ok(metrics_text(app)),
+        _ => {}
+    }
+    app.authorize(&head.method, &head.headers)?;
+    let _in_flight = app.admit()?;
+    handlers::serve(app, route, head, body).await
+}
+
+fn readyz(app: &App) -> Resp {
+    if app.readiness.is_ready() {
+        json(StatusCode::OK, &Health::up("ready"))
+    } else {
+        json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &Health::not_ready(app.readiness.reason()),
+        )
+    }
+}
+
+fn metrics_text(app: &App) -> Resp {
+    let mut resp = Response::new(Full::new(Bytes::from(app.metrics.render())));
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    resp
+}
+
+/// A JSON response.
+pub fn json<T: serde::Serialize + ?Sized>(status: StatusCode, value: &T) -> Resp {
+    let body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+/// A response without a body.
+fn empty(status: StatusCode) -> Resp {
+    let mut resp = Response::new(Full::new(Bytes::new()));
+    *resp.status_mut() = status;
+    resp
+}
+
+/// The one place an [`Error`] becomes a response.
+pub fn error_response(err: Error) -> Resp {
+    if let Error::Internal(detail) = &err {
+        tracing::error!(%detail, "internal error");
+    }
+    let mut resp = json(err.status(), &err.body());
+    let headers = resp.headers_mut();
+    match err {
+        Error::MethodNotAllowed(allow) => {
+            headers.insert(ALLOW, HeaderValue::from_static(allow));
+        }
+        Error::Unauthorized => {
+            headers.insert(
+                hyper::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer"),
+            );
+        }
+        Error::Overloaded | Error::RedisUnavailable(..) => {
+            headers.insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        _ => {}
+    }
+    resp
+}
+
+/// The `status` label: the statuses the API answers, and `other`.
+fn status_label(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        200 => "200",
+        201 => "201",
+        204 => "204",
+        400 => "400",
+        401 => "401",
+        404 => "404",
+        405 => "405",
+        408 => "408",
+        409 => "409",
+        413 => "413",
+        415 => "415",
+        422 => "422",
+        500 => "500",
+        503 => "503",
+        _ => "other",
+    }
+}

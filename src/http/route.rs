@@ -1,0 +1,136 @@
+//! The routes: parsed from the path alone, each with its template (the
+//! `route` label of the latency histogram) and the methods it allows. This
+//! is the one place that decides which methods a route answers.
+//!
+//! A match over path segments: a dozen fixed routes do not need a routing
+//! crate, and the match gives each route its template without building
+//! strings per request.
+
+use hyper::Method;
+
+/// A route, borrowing its ids (unparsed) from the path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route<'p> {
+    Healthz,
+    Readyz,
+    Metrics,
+    MultiHold,
+    ShowHolds { show: &'p str },
+    SeatHold { show: &'p str, seat: &'p str },
+    Hold { show: &'p str, token: &'p str },
+    Extend { show: &'p str, token: &'p str },
+    Confirm { show: &'p str, token: &'p str },
+    Seat { show: &'p str, seat: &'p str },
+    Seats { show: &'p str },
+    Unknown,
+}
+
+impl<'p> Route<'p> {
+    /// Matches a path (without query) to a route.
+    pub fn parse(path: &'p str) -> Self {
+        let mut segs = [""; 7];
+        let mut n = 0;
+        for seg in path.strip_prefix('/').unwrap_or(path).split('/') {
+            if n == segs.len() {
+                return Self::Unknown;
+            }
+            segs[n] = seg;
+            n += 1;
+        }
+        match &segs[..n] {
+            ["healthz"] => Self::Healthz,
+            ["readyz"] => Self::Readyz,
+            ["metrics"] => Self::Metrics,
+            ["v1", "holds"] => Self::MultiHold,
+            ["v1", "shows", show, "holds"] => Self::ShowHolds { show },
+            ["v1", "shows", show, "seats", seat, "hold"] => Self::SeatHold { show, seat },
+            ["v1", "shows", show, "holds", token] => Self::Hold { show, token },
+            ["v1", "shows", show, "holds", token, "extend"] => Self::Extend { show, token },
+            ["v1", "shows", show, "holds", token, "confirm"] => Self::Confirm { show, token },
+            ["v1", "shows", show, "seats", seat] => Self::Seat { show, seat },
+            ["v1", "shows", show, "seats"] => Self::Seats { show },
+            _ => Self::Unknown,
+        }
+    }
+
+    /// The route's template: the `route` label of the latency histogram.
+    pub fn template(&self) -> &'static str {
+        match self {
+            Self::Healthz => "/healthz",
+            Self::Readyz => "/readyz",
+            Self::Metrics => "/metrics",
+            Self::MultiHold => "/v1/holds",
+            Self::ShowHolds { .. } => "/v1/shows/{show}/holds",
+            Self::SeatHold { .. } => "/v1/shows/{show}/seats/{seat}/hold",
+            Self::Hold { .. } => "/v1/shows/{show}/holds/{token}",
+            Self::Extend { .. } => "/v1/shows/{show}/holds/{token}/extend",
+            Self::Confirm { .. } => "/v1/shows/{show}/holds/{token}/confirm",
+            Self::Seat { .. } => "/v1/shows/{show}/seats/{seat}",
+            Self::Seats { .. } => "/v1/shows/{show}/seats",
+            Self::Unknown => "unmatched",
+        }
+    }
+
+    /// The methods the route answers (HEAD only where it says so).
+    fn methods(&self) -> &'static [Method] {
+        match self {
+            Self::Healthz | Self::Readyz => &[Method::GET, Method::HEAD],
+            Self::Metrics | Self::Seat { .. } | Self::Seats { .. } => &[Method::GET],
+            Self::Hold { .. } => &[Method::GET, Method::DELETE],
+            Self::MultiHold
+            | Self::ShowHolds { .. }
+            | Self::SeatHold { .. }
+            | Self::Extend { .. }
+            | Self::Confirm { .. } => &[Method::POST],
+            Self::Unknown => &[],
+        }
+    }
+
+    /// Whether the route answers `method`.
+    pub fn allows(&self, method: &Method) -> bool {
+        self.methods().contains(method)
+    }
+
+    /// The `Allow` header of a 405 on this route.
+    pub fn allow_header(&self) -> &'static str {
+        match self.methods() {
+            [Method::GET, Method::DELETE] => "GET, DELETE",
+            [Method::POST] => "POST",
+            _ => "GET",
+        }
+    }
+
+    /// Whether the route is an API route (under `/v1`), as opposed to the
+    /// probes and metrics, which are never refused for load.
+    pub fn is_api(&self) -> bool {
+        !matches!(
+            self,
+            Self::Healthz | Self::Readyz | Self::Metrics | Self::Unknown
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_route_and_its_methods() {
+        assert_eq!(
+            Route::parse("/v1/shows/42/holds/t/extend"),
+            Route::Extend {
+                show: "42",
+                token: "t"
+            }
+        );
+        assert_eq!(Route::parse("/v1/shows/42/seats/E7/hold/x"), Route::Unknown);
+        assert_eq!(Route::parse("/a/b/c/d/e/f/g/h"), Route::Unknown);
+        let hold = Route::parse("/v1/shows/42/holds/t");
+        assert!(hold.allows(&Method::DELETE) && !hold.allows(&Method::POST));
+        assert_eq!(hold.allow_header(), "GET, DELETE");
+        assert!(Route::Healthz.allows(&Method::HEAD));
+        assert!(!Route::Metrics.allows(&Method::HEAD));
+        assert_eq!(Route::Readyz.allow_header(), "GET");
+        assert_eq!(Route::MultiHold.allow_header(), "POST");
+    }
+}
