@@ -149,7 +149,8 @@ pub struct Options {
     pub max_connections: usize,
 
     /// How long a client may take to send a request's head (slowloris
-    /// guard); an idle keep-alive connection is closed after it too.
+    /// guard), and separately its body (then 408); an idle keep-alive
+    /// connection is closed after it too.
     #[arg(
         long,
         env = "SEATHOLD_HEADER_READ_TIMEOUT_MS",

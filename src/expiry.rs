@@ -20,7 +20,7 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, Deadline};
 use crate::keys::KeySpace;
 use crate::metrics as m;
 
@@ -156,31 +156,8 @@ async fn session(
         .cluster
         .node_client(addr)
         .map_err(|e| e.to_string())?;
+    turn_on_events(&client, addr, disabled, timeout).await?;
     let bounded = |what: &'static str| move |_| format!("{what} timed out");
-
-    // Make sure the master emits the events: `E` (keyevent channel) with
-    // `x` (expired), or `A` (all, which includes `x`).
-    let mut conn = tokio::time::timeout(timeout, client.get_multiplexed_async_connection())
-        .await
-        .map_err(bounded("connect"))?
-        .map_err(|e| e.to_string())?;
-    match ensure_events(&mut conn, timeout).await {
-        Ok(changed) => {
-            disabled.set(false);
-            disabled.publish();
-            if changed {
-                tracing::info!(%addr, "turned on notify-keyspace-events for expired keys");
-            }
-        }
-        Err(err) => {
-            disabled.set(true);
-            tracing::warn!(%addr, error = %err,
-                "cannot turn on expired-key events on this master; seathold_hold_expiries_total will miss its expiries. \
-                 Set notify-keyspace-events to include E and x in redis.conf");
-        }
-    }
-    drop(conn);
-
     let pubsub = tokio::time::timeout(timeout, client.get_async_pubsub())
         .await
         .map_err(bounded("connect"))?
@@ -216,6 +193,38 @@ async fn session(
             }
         }
     }
+}
+
+/// Makes sure the master emits the events: `E` (keyevent channel) with `x`
+/// (expired), or `A` (all, which includes `x`); `disabled` says when it
+/// cannot. Fails only when the master cannot be reached.
+async fn turn_on_events(
+    client: &redis::Client,
+    addr: &str,
+    disabled: &Flag<'_>,
+    timeout: Duration,
+) -> Result<(), String> {
+    let connect = async { Ok(client.get_multiplexed_async_connection().await?) };
+    let mut conn = Deadline::after(timeout)
+        .within(connect)
+        .await
+        .map_err(|e| e.to_string())?;
+    match ensure_events(&mut conn, timeout).await {
+        Ok(changed) => {
+            disabled.set(false);
+            disabled.publish();
+            if changed {
+                tracing::info!(%addr, "turned on notify-keyspace-events for expired keys");
+            }
+        }
+        Err(err) => {
+            disabled.set(true);
+            tracing::warn!(%addr, error = %err,
+                "cannot turn on expired-key events on this master; seathold_hold_expiries_total will miss its expiries. \
+                 Set notify-keyspace-events to include E and x in redis.conf");
+        }
+    }
+    Ok(())
 }
 
 /// Adds `E` and `x` to the master's `notify-keyspace-events` when missing.

@@ -157,20 +157,7 @@ impl Service {
             }
             [0, rest @ ..] if !rest.is_empty() && rest.len() % 3 == 0 => {
                 count(m::HOLD_CONFLICTS, 1);
-                let taken = rest
-                    .chunks_exact(3)
-                    .filter_map(|c| {
-                        let (show, seat) =
-                            pairs.get(usize::try_from(c[0]).ok()?.checked_sub(1)?)?;
-                        let show = seats.is_multi().then(|| (*show).clone());
-                        Some(Taken::new(
-                            show,
-                            (*seat).clone(),
-                            State::from_reply(c[1], c[2]),
-                        ))
-                    })
-                    .collect();
-                Err(Error::SeatsTaken(taken))
+                Err(Error::SeatsTaken(taken(rest, &pairs, seats.is_multi())))
             }
             other => Err(Error::Internal(format!(
                 "unexpected reply of hold.lua: {other:?}"
@@ -410,6 +397,23 @@ impl Service {
             .map(|c| State::from_reply(c[0], c[1]))
             .collect())
     }
+}
+
+/// The seats a conflict names: `hold.lua` answers `(index, state, pttl)`
+/// triples, the index 1-based into `pairs`.
+fn taken(triples: &[i64], pairs: &[(&ShowId, &SeatId)], multi: bool) -> Vec<Taken> {
+    triples
+        .chunks_exact(3)
+        .filter_map(|c| {
+            let (show, seat) = pairs.get(usize::try_from(c[0]).ok()?.checked_sub(1)?)?;
+            let show = multi.then(|| (*show).clone());
+            Some(Taken::new(
+                show,
+                (*seat).clone(),
+                State::from_reply(c[1], c[2]),
+            ))
+        })
+        .collect()
 }
 
 /// Refuses keys of several shows that do not share one hash slot, naming
