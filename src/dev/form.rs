@@ -8,12 +8,12 @@ use std::time::Instant;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 
+use super::layout::{planned, shards, Shard};
 use super::probe::{
-    check_cluster_info, check_replication, cluster_cmd, cluster_slots, connect, query, SlotRange,
-    Waiting,
+    check_cluster_info, check_replication, cluster_cmd, connect, query, slot_map, Waiting,
 };
 use super::process::log_tail;
-use super::{DevError, LocalCluster, POLL_INTERVAL, SLOT_COUNT};
+use super::{DevError, LocalCluster, POLL_INTERVAL};
 
 impl LocalCluster {
     /// Joins the launched nodes into a cluster and waits for it to settle.
@@ -34,10 +34,9 @@ impl LocalCluster {
         }
 
         // Slots: master i serves an even, contiguous share.
-        let expected = self.expected_slot_map(&ports, &initial_masters);
-        for range in &expected {
-            let i = ports.iter().position(|&p| p == range.master).unwrap_or(0);
-            add_slots(&mut cons[i], range.master, range.start, range.end).await?;
+        let expected = planned(self.masters, &ports, &initial_masters);
+        for (i, shard) in expected.iter().enumerate() {
+            add_slots(&mut cons[i], ports[i], shard.start, shard.end).await?;
         }
 
         // Everyone meets the first node; gossip does the rest.
@@ -125,31 +124,6 @@ impl LocalCluster {
         Ok(())
     }
 
-    fn expected_slot_map(
-        &self,
-        ports: &[u16],
-        initial_masters: &[Option<usize>],
-    ) -> Vec<SlotRange> {
-        let slots = usize::from(SLOT_COUNT);
-        (0..self.masters)
-            .map(|i| {
-                let start = i * slots / self.masters;
-                let end = (i + 1) * slots / self.masters - 1;
-                let mut replicas: Vec<u16> = (0..ports.len())
-                    .filter(|&r| initial_masters[r] == Some(i))
-                    .map(|r| ports[r])
-                    .collect();
-                replicas.sort_unstable();
-                SlotRange {
-                    start: slot_u16(start),
-                    end: slot_u16(end),
-                    master: ports[i],
-                    replicas,
-                }
-            })
-            .collect()
-    }
-
     async fn check_all_known(
         &self,
         ports: &[u16],
@@ -184,7 +158,7 @@ impl LocalCluster {
     async fn check_formed(
         &self,
         ports: &[u16],
-        expected: &[SlotRange],
+        expected: &[Shard],
         cons: &mut [MultiplexedConnection],
     ) -> Result<Option<Waiting>, DevError> {
         self.ensure_all_running()?;
@@ -203,7 +177,7 @@ impl LocalCluster {
             }
         }
         for (i, &port) in ports.iter().enumerate() {
-            let view = cluster_slots(&mut cons[i], port).await?;
+            let view = shards(&slot_map(&mut cons[i], port).await?);
             if view != expected {
                 return Ok(Waiting::new(
                     port,
@@ -216,10 +190,6 @@ impl LocalCluster {
         }
         Ok(None)
     }
-}
-
-fn slot_u16(slot: usize) -> u16 {
-    u16::try_from(slot).unwrap_or(SLOT_COUNT - 1)
 }
 
 /// `CLUSTER ADDSLOTSRANGE`, or `CLUSTER ADDSLOTS` on servers older than 7.0.

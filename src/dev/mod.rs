@@ -70,6 +70,7 @@ mod conf;
 mod error;
 mod form;
 mod launch;
+mod layout;
 mod options;
 mod probe;
 mod process;
@@ -87,7 +88,8 @@ use redis::Value;
 use conf::node_tls_files;
 use error::io_error;
 use launch::Launch;
-use probe::{cluster_slots, connect, node_url, query, value_str, Waiting};
+use layout::port_of;
+use probe::{connect, node_url, query, slot_map, value_str, Waiting};
 use process::{log_tail, resolve_redis_server, send_signal, NodeProcess};
 
 /// Number of hash slots in a Redis Cluster.
@@ -341,16 +343,16 @@ impl LocalCluster {
         for port in self.live_ports() {
             let answer = async {
                 let mut con = connect(port).await?;
-                cluster_slots(&mut con, port).await
+                slot_map(&mut con, port).await
             }
             .await;
             match answer {
-                Ok(ranges) => {
-                    let owner = ranges.iter().find(|r| r.start <= slot && slot <= r.end);
+                Ok(topology) => {
+                    let owner = topology.master_of(slot).and_then(port_of);
                     match owner {
-                        Some(range) => match votes.iter_mut().find(|(p, _)| *p == range.master) {
+                        Some(master) => match votes.iter_mut().find(|(p, _)| *p == master) {
                             Some((_, count)) => *count += 1,
-                            None => votes.push((range.master, 1)),
+                            None => votes.push((master, 1)),
                         },
                         None => last_error = format!("port {port} sees slot {slot} unassigned"),
                     }

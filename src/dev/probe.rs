@@ -7,6 +7,9 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, FromRedisValue, Value};
 
+use crate::cluster::Topology;
+
+use super::layout::{shards, Shard};
 use super::{DevError, LocalCluster, SLOT_COUNT};
 
 /// Timeout for one connection attempt or one command during setup and checks.
@@ -31,18 +34,13 @@ impl Waiting {
     }
 }
 
-/// One node's part in the slot map: `start..=end` served by `master`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct SlotRange {
-    pub(super) start: u16,
-    pub(super) end: u16,
-    pub(super) master: u16,
-    /// Sorted replica ports.
-    pub(super) replicas: Vec<u16>,
+/// `host:port` of the node on `port`, as `CLUSTER SLOTS` names it.
+pub(super) fn node_addr(port: u16) -> String {
+    format!("127.0.0.1:{port}")
 }
 
 pub(super) fn node_url(port: u16) -> String {
-    format!("redis://127.0.0.1:{port}")
+    format!("redis://{}", node_addr(port))
 }
 
 pub(super) fn cluster_cmd(sub: &str) -> redis::Cmd {
@@ -204,58 +202,17 @@ pub(super) fn value_str(value: &Value) -> Option<String> {
     }
 }
 
-fn value_int(value: &Value) -> Option<i64> {
-    match value {
-        Value::Int(i) => Some(*i),
-        other => value_str(other)?.parse().ok(),
-    }
-}
-
-/// `CLUSTER SLOTS` of one node, normalized (sorted ranges, sorted replicas).
-pub(super) async fn cluster_slots(
+/// `CLUSTER SLOTS` of the node on `port`, read by the daemon's own parser.
+pub(super) async fn slot_map(
     con: &mut MultiplexedConnection,
     port: u16,
-) -> Result<Vec<SlotRange>, DevError> {
+) -> Result<Topology, DevError> {
     let reply: Value = query(con, port, cluster_cmd("SLOTS")).await?;
-    parse_cluster_slots(&reply).ok_or_else(|| DevError::Protocol {
+    Topology::from_cluster_slots(&reply, &node_addr(port)).ok_or_else(|| DevError::Protocol {
         port,
         command: "CLUSTER SLOTS".into(),
         detail: format!("{reply:?}"),
     })
-}
-
-fn parse_cluster_slots(reply: &Value) -> Option<Vec<SlotRange>> {
-    let Value::Array(entries) = reply else {
-        return None;
-    };
-    let node_port = |node: &Value| -> Option<u16> {
-        let Value::Array(fields) = node else {
-            return None;
-        };
-        u16::try_from(value_int(fields.get(1)?)?).ok()
-    };
-    let mut ranges = Vec::with_capacity(entries.len());
-    for entry in entries {
-        let Value::Array(items) = entry else {
-            return None;
-        };
-        let start = u16::try_from(value_int(items.first()?)?).ok()?;
-        let end = u16::try_from(value_int(items.get(1)?)?).ok()?;
-        let master = node_port(items.get(2)?)?;
-        let mut replicas = items[3..]
-            .iter()
-            .map(node_port)
-            .collect::<Option<Vec<u16>>>()?;
-        replicas.sort_unstable();
-        ranges.push(SlotRange {
-            start,
-            end,
-            master,
-            replicas,
-        });
-    }
-    ranges.sort_by_key(|r| r.start);
-    Some(ranges)
 }
 
 impl LocalCluster {
@@ -265,7 +222,8 @@ impl LocalCluster {
         if live.is_empty() {
             return Waiting::new(0, "any node to be running and not paused");
         }
-        let mut reference: Option<(u16, Vec<SlotRange>)> = None;
+        let live_addrs: Vec<String> = live.iter().map(|&p| node_addr(p)).collect();
+        let mut reference: Option<(u16, Vec<Shard>)> = None;
         for &port in &live {
             let round = async {
                 let mut con = connect(port).await?;
@@ -279,7 +237,7 @@ impl LocalCluster {
                 if let Some(w) = check_replication(port, &text) {
                     return Ok(Err(w));
                 }
-                Ok::<_, DevError>(Ok(cluster_slots(&mut con, port).await?))
+                Ok::<_, DevError>(Ok(shards(&slot_map(&mut con, port).await?)))
             }
             .await;
             let view = match round {
@@ -287,15 +245,15 @@ impl LocalCluster {
                 Ok(Err(w)) => return Some(w),
                 Err(e) => return Waiting::new(port, format!("port {port} to answer ({e})")),
             };
-            for range in &view {
-                for node in std::iter::once(&range.master).chain(&range.replicas) {
-                    if !live.contains(node) {
+            for shard in &view {
+                for node in std::iter::once(&shard.master).chain(&shard.replicas) {
+                    if !live_addrs.contains(node) {
                         return Waiting::new(
                             port,
                             format!(
-                                "port {port} to stop listing port {node}, which is not running, \
+                                "port {port} to stop listing {node}, which is not running, \
                                  in CLUSTER SLOTS (slots {}-{})",
-                                range.start, range.end
+                                shard.start, shard.end
                             ),
                         );
                     }
@@ -316,50 +274,5 @@ impl LocalCluster {
             }
         }
         None
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_cluster_slots() {
-        let node = |port: i64| {
-            Value::Array(vec![
-                Value::BulkString(b"127.0.0.1".to_vec()),
-                Value::Int(port),
-                Value::BulkString(b"id".to_vec()),
-                Value::Array(vec![]),
-            ])
-        };
-        let reply = Value::Array(vec![
-            Value::Array(vec![
-                Value::Int(8192),
-                Value::Int(16383),
-                node(2),
-                node(9),
-                node(4),
-            ]),
-            Value::Array(vec![Value::Int(0), Value::Int(8191), node(1)]),
-        ]);
-        let ranges = parse_cluster_slots(&reply).unwrap_or_default();
-        assert_eq!(
-            ranges,
-            vec![
-                SlotRange {
-                    start: 0,
-                    end: 8191,
-                    master: 1,
-                    replicas: vec![]
-                },
-                SlotRange {
-                    start: 8192,
-                    end: 16383,
-                    master: 2,
-                    replicas: vec![4, 9]
-                },
-            ]
-        );
     }
 }
