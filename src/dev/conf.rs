@@ -36,7 +36,8 @@ pub(super) fn node_tls_files(node_dir: &Path) -> TlsFiles {
 }
 
 impl LocalCluster {
-    /// Copies the TLS files into every node folder (see the module docs).
+    /// Copies the TLS files into every node folder (see the module docs of
+    /// [`crate::dev`]).
     pub(super) fn copy_tls_files(&self, opts: &ClusterOptions) -> Result<(), DevError> {
         let Some(tls) = &opts.tls else {
             return Ok(());
@@ -161,30 +162,36 @@ fn render_config(
         timeout = opts.node_timeout_ms,
     );
     if let Some(tls_port) = tls_port {
-        let files = node_tls_files(node_dir);
-        let path = |p: &Path| conf_quote(&p.to_string_lossy());
-        // `cluster-port`: with tls-cluster the bus would otherwise move to
-        // tls-port + 10000 (see the module docs).
-        let _ = write!(
-            conf,
-            "tls-port {tls_port}\n\
-             tls-cert-file {cert}\n\
-             tls-key-file {key}\n\
-             tls-ca-cert-file {ca}\n\
-             tls-cluster yes\n\
-             tls-replication yes\n\
-             tls-auth-clients optional\n\
-             cluster-port {bus}\n",
-            cert = path(&files.cert),
-            key = path(&files.key),
-            ca = path(&files.ca),
-            bus = port.saturating_add(BUS_PORT_OFFSET),
-        );
+        render_tls(&mut conf, port, tls_port, node_dir);
     }
     for (key, value) in &opts.extra_config {
         let _ = writeln!(conf, "{key} {value}");
     }
     Ok(conf)
+}
+
+/// The TLS directives of [`render_config`]: the node serves TLS on
+/// `tls_port` with the copies of the TLS files in `node_dir`.
+fn render_tls(conf: &mut String, port: u16, tls_port: u16, node_dir: &Path) {
+    let files = node_tls_files(node_dir);
+    let path = |p: &Path| conf_quote(&p.to_string_lossy());
+    // `cluster-port`: with tls-cluster the bus would otherwise move to
+    // tls-port + 10000 (see the module docs of `crate::dev`).
+    let _ = write!(
+        conf,
+        "tls-port {tls_port}\n\
+         tls-cert-file {cert}\n\
+         tls-key-file {key}\n\
+         tls-ca-cert-file {ca}\n\
+         tls-cluster yes\n\
+         tls-replication yes\n\
+         tls-auth-clients optional\n\
+         cluster-port {bus}\n",
+        cert = path(&files.cert),
+        key = path(&files.key),
+        ca = path(&files.ca),
+        bus = port.saturating_add(BUS_PORT_OFFSET),
+    );
 }
 
 /// Double-quotes a value for redis.conf (which splits on spaces and

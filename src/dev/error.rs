@@ -65,7 +65,8 @@ pub enum DevError {
     /// The node was killed (or exited) and has not been restarted.
     #[error("the node on port {0} is not running")]
     NotRunning(u16),
-    /// [`LocalCluster::restart`](super::LocalCluster::restart) on a node that is running.
+    /// [`LocalCluster::restart`](super::LocalCluster::restart) on a node that
+    /// is running.
     #[error("the node on port {0} is already running")]
     AlreadyRunning(u16),
     /// A slot number of 16384 or more.

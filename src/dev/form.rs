@@ -8,17 +8,71 @@ use std::time::Instant;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 
+use super::health::{cluster_info_waiting, replication_waiting, Waiting};
 use super::layout::{planned, shards, Shard};
-use super::probe::{
-    check_cluster_info, check_replication, cluster_cmd, connect, query, slot_map, Waiting,
-};
+use super::probe::{cluster_cmd, connect, query, slot_map};
 use super::process::log_tail;
-use super::{DevError, LocalCluster, POLL_INTERVAL};
+use super::{DevError, LocalCluster};
+
+/// The launched nodes being joined, in node-table order, each with a
+/// connection of its own.
+struct Members {
+    ports: Vec<u16>,
+    /// Index of the master a replica is created under.
+    initial_masters: Vec<Option<usize>>,
+    /// Each node's `CLUSTER MYID`.
+    ids: Vec<String>,
+    cons: Vec<MultiplexedConnection>,
+}
 
 impl LocalCluster {
     /// Joins the launched nodes into a cluster and waits for it to settle.
     pub(super) async fn form(&self, deadline: Instant) -> Result<(), DevError> {
         let started = Instant::now();
+        let timeout = deadline.saturating_duration_since(started);
+        let mut members = self.members().await?;
+
+        // Slots: master i serves an even, contiguous share.
+        let expected = planned(self.masters, &members.ports, &members.initial_masters);
+        for (i, shard) in expected.iter().enumerate() {
+            add_slots(
+                &mut members.cons[i],
+                members.ports[i],
+                shard.start,
+                shard.end,
+            )
+            .await?;
+        }
+
+        members.meet_the_first().await?;
+        self.poll_until(started, timeout, async || {
+            self.check_all_known(&mut members).await
+        })
+        .await?;
+
+        // Replicas attach to their masters. REPLICATE can fail until the
+        // replica has heard that the target is a master, so retry.
+        let mut pending: Vec<usize> = (0..members.ports.len())
+            .filter(|&i| members.initial_masters[i].is_some())
+            .collect();
+        self.poll_until(started, timeout, async || {
+            let waiting = members.replicate(&mut pending).await;
+            if pending.is_empty() {
+                return Ok(None);
+            }
+            self.ensure_all_running()?;
+            Ok(waiting)
+        })
+        .await?;
+
+        self.poll_until(started, timeout, async || {
+            self.check_formed(&mut members, &expected).await
+        })
+        .await
+    }
+
+    /// Connects to every node and learns its id.
+    async fn members(&self) -> Result<Members, DevError> {
         let (ports, initial_masters): (Vec<u16>, Vec<Option<usize>>) = self
             .lock()
             .iter()
@@ -32,81 +86,12 @@ impl LocalCluster {
             ids.push(id);
             cons.push(con);
         }
-
-        // Slots: master i serves an even, contiguous share.
-        let expected = planned(self.masters, &ports, &initial_masters);
-        for (i, shard) in expected.iter().enumerate() {
-            add_slots(&mut cons[i], ports[i], shard.start, shard.end).await?;
-        }
-
-        // Everyone meets the first node; gossip does the rest.
-        for (i, &port) in ports.iter().enumerate().skip(1) {
-            let mut meet = cluster_cmd("MEET");
-            meet.arg("127.0.0.1").arg(ports[0]);
-            let _: Value = query(&mut cons[i], port, meet).await?;
-        }
-        loop {
-            let waiting = self.check_all_known(&ports, &ids, &mut cons).await?;
-            if self.keep_waiting(started, deadline, waiting)? {
-                tokio::time::sleep(POLL_INTERVAL).await;
-            } else {
-                break;
-            }
-        }
-
-        // Replicas attach to their masters. REPLICATE can fail until the
-        // replica has heard that the target is a master, so retry.
-        let mut pending: Vec<usize> = (0..ports.len())
-            .filter(|&i| initial_masters[i].is_some())
-            .collect();
-        while !pending.is_empty() {
-            let mut still = Vec::new();
-            let mut waiting = None;
-            for &i in &pending {
-                let master = initial_masters[i].unwrap_or(0);
-                let mut replicate = cluster_cmd("REPLICATE");
-                replicate.arg(&ids[master]);
-                if let Err(e) = query::<Value>(&mut cons[i], ports[i], replicate).await {
-                    waiting = Waiting::new(
-                        ports[i],
-                        format!("CLUSTER REPLICATE of port {} to succeed ({e})", ports[i]),
-                    );
-                    still.push(i);
-                }
-            }
-            pending = still;
-            if pending.is_empty() {
-                break;
-            }
-            self.ensure_all_running()?;
-            if self.keep_waiting(started, deadline, waiting)? {
-                tokio::time::sleep(POLL_INTERVAL).await;
-            }
-        }
-
-        loop {
-            let waiting = self.check_formed(&ports, &expected, &mut cons).await?;
-            if self.keep_waiting(started, deadline, waiting)? {
-                tokio::time::sleep(POLL_INTERVAL).await;
-            } else {
-                return Ok(());
-            }
-        }
-    }
-
-    /// `Ok(true)` to poll again, `Ok(false)` when done, an error past the
-    /// deadline.
-    fn keep_waiting(
-        &self,
-        started: Instant,
-        deadline: Instant,
-        waiting: Option<Waiting>,
-    ) -> Result<bool, DevError> {
-        match waiting {
-            None => Ok(false),
-            Some(w) if Instant::now() >= deadline => Err(self.timeout_error(started, w)),
-            Some(_) => Ok(true),
-        }
+        Ok(Members {
+            ports,
+            initial_masters,
+            ids,
+            cons,
+        })
     }
 
     /// During start every node must stay up; report the first that did not.
@@ -124,13 +109,11 @@ impl LocalCluster {
         Ok(())
     }
 
-    async fn check_all_known(
-        &self,
-        ports: &[u16],
-        ids: &[String],
-        cons: &mut [MultiplexedConnection],
-    ) -> Result<Option<Waiting>, DevError> {
+    async fn check_all_known(&self, members: &mut Members) -> Result<Option<Waiting>, DevError> {
         self.ensure_all_running()?;
+        let Members {
+            ports, ids, cons, ..
+        } = members;
         for (i, &port) in ports.iter().enumerate() {
             let text: String = query(&mut cons[i], port, cluster_cmd("NODES")).await?;
             let known: BTreeSet<&str> = text
@@ -157,23 +140,21 @@ impl LocalCluster {
 
     async fn check_formed(
         &self,
-        ports: &[u16],
+        members: &mut Members,
         expected: &[Shard],
-        cons: &mut [MultiplexedConnection],
     ) -> Result<Option<Waiting>, DevError> {
         self.ensure_all_running()?;
+        let Members { ports, cons, .. } = members;
         for (i, &port) in ports.iter().enumerate() {
-            let info: String = query(&mut cons[i], port, cluster_cmd("INFO")).await?;
-            if let Some(w) = check_cluster_info(port, &info, Some(ports.len())) {
-                return Ok(Some(w));
+            let waiting = cluster_info_waiting(&mut cons[i], port, Some(ports.len())).await?;
+            if waiting.is_some() {
+                return Ok(waiting);
             }
         }
         for (i, &port) in ports.iter().enumerate() {
-            let mut info = redis::cmd("INFO");
-            info.arg("replication");
-            let text: String = query(&mut cons[i], port, info).await?;
-            if let Some(w) = check_replication(port, &text) {
-                return Ok(Some(w));
+            let waiting = replication_waiting(&mut cons[i], port).await?;
+            if waiting.is_some() {
+                return Ok(waiting);
             }
         }
         for (i, &port) in ports.iter().enumerate() {
@@ -189,6 +170,42 @@ impl LocalCluster {
             }
         }
         Ok(None)
+    }
+}
+
+impl Members {
+    /// Everyone meets the first node; gossip does the rest.
+    async fn meet_the_first(&mut self) -> Result<(), DevError> {
+        let first = self.ports[0];
+        for (i, &port) in self.ports.iter().enumerate().skip(1) {
+            let mut meet = cluster_cmd("MEET");
+            meet.arg("127.0.0.1").arg(first);
+            let _: Value = query(&mut self.cons[i], port, meet).await?;
+        }
+        Ok(())
+    }
+
+    /// `CLUSTER REPLICATE` for each node of `pending` (indexes of replicas);
+    /// keeps those that failed in `pending`, and says what the last failure
+    /// waits for.
+    async fn replicate(&mut self, pending: &mut Vec<usize>) -> Option<Waiting> {
+        let mut still = Vec::new();
+        let mut waiting = None;
+        for &i in pending.iter() {
+            let master = self.initial_masters[i].unwrap_or(0);
+            let mut replicate = cluster_cmd("REPLICATE");
+            replicate.arg(&self.ids[master]);
+            let port = self.ports[i];
+            if let Err(e) = query::<Value>(&mut self.cons[i], port, replicate).await {
+                waiting = Waiting::new(
+                    port,
+                    format!("CLUSTER REPLICATE of port {port} to succeed ({e})"),
+                );
+                still.push(i);
+            }
+        }
+        *pending = still;
+        waiting
     }
 }
 

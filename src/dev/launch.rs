@@ -4,6 +4,8 @@
 
 use std::fs;
 use std::io;
+use std::path::Path;
+use std::process::ExitStatus;
 use std::time::Instant;
 
 use super::error::io_error;
@@ -67,18 +69,7 @@ impl LocalCluster {
                 }
                 attempts += 1;
                 let node_dir = self.lock()[index].dir.clone();
-                // A bus-port clash happens after nodes.conf was written with
-                // the old port: start over as a brand-new node. The old logs
-                // go too, so that their "Address already in use" cannot be
-                // mistaken for the outcome of the next attempt.
-                for name in ["nodes.conf", REDIS_LOG, STDIO_LOG] {
-                    let path = node_dir.join(name);
-                    match fs::remove_file(&path) {
-                        Ok(()) => {}
-                        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                        Err(e) => return Err(io_error(format!("removing {}", path.display()))(e)),
-                    }
-                }
+                forget_the_old_start(&node_dir)?;
                 self.configure_node(index, opts)?;
                 self.spawn_node(index)?;
             }
@@ -102,29 +93,7 @@ impl LocalCluster {
                 let exited = node.process.as_mut().map(NodeProcess::exited);
                 match exited {
                     None => return Err(DevError::NotRunning(node.port)),
-                    Some(Some(status)) => {
-                        node.process = None;
-                        let log_tail = log_tail(&node.dir);
-                        if log_tail.contains("Address already in use") {
-                            tracing::debug!(port = node.port, "port taken, moving the node");
-                            return Ok(Launch::PortTaken);
-                        }
-                        let hint = if node.tls_port.is_some()
-                            && log_tail.contains("Bad directive")
-                            && log_tail.contains("tls-")
-                        {
-                            "; this redis-server seems to be built without TLS support \
-                             (Redis needs `make BUILD_TLS=yes`; Debian's and Homebrew's \
-                             packages have it)"
-                        } else {
-                            ""
-                        };
-                        return Err(DevError::Node {
-                            port: node.port,
-                            reason: format!("exited during startup ({status}){hint}"),
-                            log_tail,
-                        });
-                    }
+                    Some(Some(status)) => return startup_exit(node, status),
                     Some(None) => {}
                 }
                 let pid = node.process.as_ref().map(NodeProcess::pid);
@@ -145,4 +114,46 @@ impl LocalCluster {
             tokio::time::sleep(POLL_INTERVAL).await;
         }
     }
+}
+
+/// A bus-port clash happens after nodes.conf was written with the old port:
+/// start over as a brand-new node. The old logs go too, so that their
+/// "Address already in use" cannot be mistaken for the outcome of the next
+/// attempt.
+fn forget_the_old_start(node_dir: &Path) -> Result<(), DevError> {
+    for name in ["nodes.conf", REDIS_LOG, STDIO_LOG] {
+        let path = node_dir.join(name);
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_error(format!("removing {}", path.display()))(e)),
+        }
+    }
+    Ok(())
+}
+
+/// What a server that exited during startup means: its port was taken, or an
+/// error quoting its log.
+fn startup_exit(node: &mut Node, status: ExitStatus) -> Result<Launch, DevError> {
+    node.process = None;
+    let log_tail = log_tail(&node.dir);
+    if log_tail.contains("Address already in use") {
+        tracing::debug!(port = node.port, "port taken, moving the node");
+        return Ok(Launch::PortTaken);
+    }
+    let hint = if node.tls_port.is_some()
+        && log_tail.contains("Bad directive")
+        && log_tail.contains("tls-")
+    {
+        "; this redis-server seems to be built without TLS support \
+         (Redis needs `make BUILD_TLS=yes`; Debian's and Homebrew's \
+         packages have it)"
+    } else {
+        ""
+    };
+    Err(DevError::Node {
+        port: node.port,
+        reason: format!("exited during startup ({status}){hint}"),
+        log_tail,
+    })
 }

@@ -69,8 +69,10 @@
 mod conf;
 mod error;
 mod form;
+mod health;
 mod launch;
 mod layout;
+mod node;
 mod options;
 mod probe;
 mod process;
@@ -78,18 +80,16 @@ mod process;
 pub use error::DevError;
 pub use options::{ClusterOptions, TlsFiles};
 
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
-
-use redis::Value;
 
 use conf::node_tls_files;
 use error::io_error;
 use launch::Launch;
 use layout::port_of;
-use probe::{connect, node_url, query, slot_map, value_str, Waiting};
+use node::Node;
+use probe::{connect, node_url, role, slot_map};
 use process::{log_tail, resolve_redis_server, send_signal, NodeProcess};
 
 /// Number of hash slots in a Redis Cluster.
@@ -131,37 +131,6 @@ pub struct NodeInfo {
     pub initial_master_port: Option<u16>,
     /// The node's folder: `redis.conf`, `nodes.conf`, `redis.log`.
     pub dir: PathBuf,
-}
-
-struct Node {
-    port: u16,
-    /// Set when the cluster has TLS.
-    tls_port: Option<u16>,
-    dir: PathBuf,
-    conf: PathBuf,
-    initial_role: Role,
-    /// Index of the master a replica was created under.
-    initial_master: Option<usize>,
-    process: Option<NodeProcess>,
-    paused: bool,
-}
-
-impl Node {
-    /// Whether the server is up (reaping it if it has exited by itself).
-    fn is_running(&mut self) -> bool {
-        if let Some(process) = self.process.as_mut() {
-            if process.exited().is_some() {
-                self.process = None;
-                self.paused = false;
-            }
-        }
-        self.process.is_some()
-    }
-
-    /// Running and not paused: able to answer commands.
-    fn is_live(&mut self) -> bool {
-        self.is_running() && !self.paused
-    }
 }
 
 /// A running local Redis Cluster. Dropping it (or [`LocalCluster::stop`])
@@ -212,28 +181,7 @@ impl LocalCluster {
             .tempdir()
             .map_err(io_error("creating the cluster's temporary directory"))?;
         let dir = temp_dir.path().to_path_buf();
-        let total = opts.masters * (1 + opts.replicas_per_master);
-        let mut nodes = Vec::with_capacity(total);
-        for index in 0..total {
-            let node_dir = dir.join(format!("node-{index}"));
-            fs::create_dir(&node_dir)
-                .map_err(io_error(format!("creating {}", node_dir.display())))?;
-            let (initial_role, initial_master) = if index < opts.masters {
-                (Role::Master, None)
-            } else {
-                (Role::Replica, Some((index - opts.masters) % opts.masters))
-            };
-            nodes.push(Node {
-                port: 0,
-                tls_port: None,
-                conf: node_dir.join("redis.conf"),
-                dir: node_dir,
-                initial_role,
-                initial_master,
-                process: None,
-                paused: false,
-            });
-        }
+        let nodes = Node::create_all(&dir, &opts)?;
         // From here on, dropping `cluster` on an error cleans everything up.
         let cluster = LocalCluster {
             tls_files: opts
@@ -381,21 +329,7 @@ impl LocalCluster {
                 Err(DevError::NotRunning(port))
             }
         })?;
-        let mut con = connect(port).await?;
-        let reply: Value = query(&mut con, port, redis::cmd("ROLE")).await?;
-        let role = match &reply {
-            Value::Array(items) => items.first().and_then(value_str),
-            _ => None,
-        };
-        match role.as_deref() {
-            Some("master") => Ok(Role::Master),
-            Some("slave") | Some("replica") => Ok(Role::Replica),
-            _ => Err(DevError::Protocol {
-                port,
-                command: "ROLE".into(),
-                detail: format!("{reply:?}"),
-            }),
-        }
+        role(port).await
     }
 
     /// `SIGKILL`s the node on `port` (and reaps it), as a crash would. Its
@@ -454,17 +388,10 @@ impl LocalCluster {
     /// map, and that map names only such nodes (so after a master is killed
     /// this returns once its replica has taken over and everyone knows it).
     pub async fn wait_until_ok(&self, timeout: Duration) -> Result<(), DevError> {
-        let started = Instant::now();
-        loop {
-            let waiting = self.check_healthy().await;
-            let Some(waiting) = waiting else {
-                return Ok(());
-            };
-            if started.elapsed() >= timeout {
-                return Err(self.timeout_error(started, waiting));
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
+        self.poll_until(Instant::now(), timeout, async || {
+            Ok(self.check_healthy().await)
+        })
+        .await
     }
 
     /// Stops every `redis-server` (`SIGTERM`, then `SIGKILL` after a few
@@ -521,14 +448,6 @@ impl LocalCluster {
             Ok(())
         })
         .map(|_| ())
-    }
-
-    fn timeout_error(&self, started: Instant, waiting: Waiting) -> DevError {
-        DevError::Timeout {
-            waited: started.elapsed(),
-            what: waiting.what,
-            log_tail: self.log_tail_of_port(waiting.port),
-        }
     }
 
     fn log_tail_of_port(&self, port: u16) -> String {

@@ -25,18 +25,21 @@ pub struct ClusterOptions {
     /// The `redis-server` binary: a bare name is looked up on `PATH`, a path
     /// with a `/` is used as is.
     pub redis_server: PathBuf,
-    /// Deadline for the whole of [`LocalCluster::start`](super::LocalCluster::start), and for each
+    /// Deadline for the whole of
+    /// [`LocalCluster::start`](super::LocalCluster::start), and for each
     /// [`LocalCluster::restart`](super::LocalCluster::restart).
     pub start_timeout: Duration,
     /// When set, every node also serves TLS on a port of its own, and the
-    /// cluster bus and replication use TLS (see the module docs). Needs a
+    /// cluster bus and replication use TLS (see the module docs of
+    /// [`crate::dev`]). Needs a
     /// `redis-server` built with TLS (`BUILD_TLS=yes`; Debian's and
     /// Homebrew's are).
     pub tls: Option<TlsFiles>,
 }
 
-/// PEM files for a TLS-enabled [`LocalCluster`](super::LocalCluster); [`LocalCluster::start`](super::LocalCluster::start)
-/// copies them into the node folders.
+/// PEM files for a TLS-enabled [`LocalCluster`](super::LocalCluster);
+/// [`LocalCluster::start`](super::LocalCluster::start) copies them into the
+/// node folders.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
     /// Certificate every node presents: to clients, and to its peers on the

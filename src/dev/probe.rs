@@ -1,6 +1,6 @@
-//! Talking to single nodes: connections and commands with timeouts, and
-//! reading their answers (`INFO`, `CLUSTER INFO`, `CLUSTER SLOTS`) to tell
-//! whether the cluster is healthy.
+//! Talking to single nodes: addresses, connections and commands with
+//! timeouts, and reading single answers (`INFO` fields, `ROLE`, the slot map
+//! of `CLUSTER SLOTS`).
 
 use std::time::Duration;
 
@@ -9,8 +9,7 @@ use redis::{AsyncConnectionConfig, FromRedisValue, Value};
 
 use crate::cluster::Topology;
 
-use super::layout::{shards, Shard};
-use super::{DevError, LocalCluster, SLOT_COUNT};
+use super::{DevError, Role};
 
 /// Timeout for one connection attempt or one command during setup and checks.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
@@ -18,21 +17,6 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 /// Timeout of the start-up probe (`INFO server`), which is repeated until the
 /// server answers; a local Redis answers in well under a millisecond.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
-
-/// A condition not met yet, and on which node.
-pub(super) struct Waiting {
-    pub(super) port: u16,
-    pub(super) what: String,
-}
-
-impl Waiting {
-    pub(super) fn new(port: u16, what: impl Into<String>) -> Option<Waiting> {
-        Some(Waiting {
-            port,
-            what: what.into(),
-        })
-    }
-}
 
 /// `host:port` of the node on `port`, as `CLUSTER SLOTS` names it.
 pub(super) fn node_addr(port: u16) -> String {
@@ -138,67 +122,38 @@ pub(super) async fn server_pid(port: u16) -> Result<u32, DevError> {
 }
 
 /// `key:value` lines of `INFO` / `CLUSTER INFO`.
-fn info_field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+pub(super) fn info_field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
     text.lines().find_map(|line| {
         let (k, v) = line.split_once(':')?;
         (k == key).then(|| v.trim())
     })
 }
 
-/// Checks `CLUSTER INFO` for a healthy, fully assigned cluster of
-/// `known_nodes` nodes (if given).
-pub(super) fn check_cluster_info(
-    port: u16,
-    info: &str,
-    known_nodes: Option<usize>,
-) -> Option<Waiting> {
-    let state = info_field(info, "cluster_state").unwrap_or("?");
-    if state != "ok" {
-        return Waiting::new(
-            port,
-            format!("port {port} to report cluster_state:ok (has {state})"),
-        );
-    }
-    let assigned = info_field(info, "cluster_slots_assigned").unwrap_or("?");
-    if assigned != SLOT_COUNT.to_string() {
-        return Waiting::new(
-            port,
-            format!("port {port} to see all {SLOT_COUNT} slots assigned (sees {assigned})"),
-        );
-    }
-    if let Some(n) = known_nodes {
-        let known = info_field(info, "cluster_known_nodes").unwrap_or("?");
-        if known != n.to_string() {
-            return Waiting::new(
-                port,
-                format!("port {port} to know {n} nodes (knows {known})"),
-            );
-        }
-    }
-    None
-}
-
-/// For a replica, checks `INFO replication` for an established master link.
-pub(super) fn check_replication(port: u16, text: &str) -> Option<Waiting> {
-    if info_field(text, "role") != Some("slave") {
-        return None;
-    }
-    let link = info_field(text, "master_link_status").unwrap_or("?");
-    if link == "up" {
-        return None;
-    }
-    Waiting::new(
-        port,
-        format!("replica on port {port} to report master_link_status:up (has {link})"),
-    )
-}
-
-pub(super) fn value_str(value: &Value) -> Option<String> {
+fn value_str(value: &Value) -> Option<String> {
     match value {
         Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
         Value::SimpleString(s) => Some(s.clone()),
         Value::VerbatimString { text, .. } => Some(text.clone()),
         _ => None,
+    }
+}
+
+/// The role the node on `port` has now (`ROLE`).
+pub(super) async fn role(port: u16) -> Result<Role, DevError> {
+    let mut con = connect(port).await?;
+    let reply: Value = query(&mut con, port, redis::cmd("ROLE")).await?;
+    let role = match &reply {
+        Value::Array(items) => items.first().and_then(value_str),
+        _ => None,
+    };
+    match role.as_deref() {
+        Some("master") => Ok(Role::Master),
+        Some("slave") | Some("replica") => Ok(Role::Replica),
+        _ => Err(DevError::Protocol {
+            port,
+            command: "ROLE".into(),
+            detail: format!("{reply:?}"),
+        }),
     }
 }
 
@@ -213,66 +168,4 @@ pub(super) async fn slot_map(
         command: "CLUSTER SLOTS".into(),
         detail: format!("{reply:?}"),
     })
-}
-
-impl LocalCluster {
-    /// One round of [`LocalCluster::wait_until_ok`]: `None` when healthy.
-    pub(super) async fn check_healthy(&self) -> Option<Waiting> {
-        let live = self.live_ports();
-        if live.is_empty() {
-            return Waiting::new(0, "any node to be running and not paused");
-        }
-        let live_addrs: Vec<String> = live.iter().map(|&p| node_addr(p)).collect();
-        let mut reference: Option<(u16, Vec<Shard>)> = None;
-        for &port in &live {
-            let round = async {
-                let mut con = connect(port).await?;
-                let info: String = query(&mut con, port, cluster_cmd("INFO")).await?;
-                if let Some(w) = check_cluster_info(port, &info, None) {
-                    return Ok(Err(w));
-                }
-                let mut replication = redis::cmd("INFO");
-                replication.arg("replication");
-                let text: String = query(&mut con, port, replication).await?;
-                if let Some(w) = check_replication(port, &text) {
-                    return Ok(Err(w));
-                }
-                Ok::<_, DevError>(Ok(shards(&slot_map(&mut con, port).await?)))
-            }
-            .await;
-            let view = match round {
-                Ok(Ok(view)) => view,
-                Ok(Err(w)) => return Some(w),
-                Err(e) => return Waiting::new(port, format!("port {port} to answer ({e})")),
-            };
-            for shard in &view {
-                for node in std::iter::once(&shard.master).chain(&shard.replicas) {
-                    if !live_addrs.contains(node) {
-                        return Waiting::new(
-                            port,
-                            format!(
-                                "port {port} to stop listing {node}, which is not running, \
-                                 in CLUSTER SLOTS (slots {}-{})",
-                                shard.start, shard.end
-                            ),
-                        );
-                    }
-                }
-            }
-            match &reference {
-                None => reference = Some((port, view)),
-                Some((ref_port, ref_view)) if *ref_view != view => {
-                    return Waiting::new(
-                        port,
-                        format!(
-                            "ports {ref_port} and {port} to agree on CLUSTER SLOTS \
-                             ({ref_view:?} vs {view:?})"
-                        ),
-                    );
-                }
-                Some(_) => {}
-            }
-        }
-        None
-    }
 }

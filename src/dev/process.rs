@@ -56,7 +56,7 @@ impl NodeProcess {
     /// Tells the watchdog to exit without killing, and reaps it. Must happen
     /// before the server is reaped, so that the watchdog can never signal a
     /// pid that has been freed.
-    pub(super) fn release_watchdog(&mut self) {
+    fn release_watchdog(&mut self) {
         if let Some(mut lifeline) = self.lifeline.take() {
             // EPIPE here means the watchdog is already gone: nothing to stop.
             let _ = lifeline.write_all(b"release\n");
@@ -184,7 +184,8 @@ fn is_executable(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// Spawns a `redis-server` and its watchdog (see the module docs).
+/// Spawns a `redis-server` and its watchdog (see the module docs of
+/// [`crate::dev`]).
 pub(super) fn spawn_server(
     redis_server: &Path,
     conf: &Path,
@@ -200,7 +201,7 @@ pub(super) fn spawn_server(
     let stdio_err = stdio
         .try_clone()
         .map_err(io_error(format!("duplicating {}", stdio_path.display())))?;
-    let mut server = Command::new(redis_server)
+    let server = Command::new(redis_server)
         .arg(conf)
         .current_dir(node_dir)
         .stdin(Stdio::null())
@@ -209,6 +210,12 @@ pub(super) fn spawn_server(
         .process_group(0)
         .spawn()
         .map_err(io_error(format!("starting {}", redis_server.display())))?;
+    watch(server, node_dir, cluster_dir)
+}
+
+/// Pairs a freshly spawned `server` with its watchdog; a server whose
+/// watchdog cannot start is killed again.
+fn watch(mut server: Child, node_dir: &Path, cluster_dir: &Path) -> Result<NodeProcess, DevError> {
     let watchdog = Command::new("/bin/sh")
         .arg("-c")
         .arg(WATCHDOG_SCRIPT)
