@@ -92,8 +92,8 @@ use node::Node;
 use probe::{connect, node_url, role, slot_map};
 use process::{log_tail, resolve_redis_server, send_signal, NodeProcess};
 
-/// Number of hash slots in a Redis Cluster.
-pub const SLOT_COUNT: u16 = 16384;
+/// Hash slots in a Redis Cluster (the daemon's own constant).
+pub use crate::keys::SLOTS as SLOT_COUNT;
 
 /// The cluster bus of a node listens on its client port plus this offset.
 pub const BUS_PORT_OFFSET: u16 = 10000;
