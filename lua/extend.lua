@@ -1,33 +1,47 @@
 -- extend.lua: set a hold's remaining time, for every seat and its record.
 --
 -- KEYS[1]          hold record (its key names the token)
--- KEYS[2 .. #KEYS] the hold's seat keys
+-- KEYS[2 .. S]     the hold's seat keys
+-- KEYS[S+1]        idempotency record, only when ARGV[4] is not empty
 -- ARGV[1]          hold token
 -- ARGV[2]          new TTL in milliseconds (like PEXPIRE)
 -- ARGV[3]          longest lifetime of a hold in milliseconds, from creation
+-- ARGV[4]          request fingerprint of an Idempotency-Key, or ""
+-- ARGV[5]          how long the idempotency record is kept, ms
 --
 -- Returns {1, fence, pttl_ms, now_ms} when extended; {0} when the token no
 -- longer holds every seat (nothing changed); {-1, created_ms, now_ms} when
--- the new expiry would pass the lifetime cap (nothing changed). Time is
--- Redis's own clock.
+-- the new expiry would pass the lifetime cap (nothing changed); {-3, record}
+-- when the idempotency record exists. Time is Redis's own clock. A resend
+-- of this script extends again to the same TTL: the same answer.
+local idem = ARGV[4] ~= '' and KEYS[#KEYS]
+local last = idem and #KEYS - 1 or #KEYS
+if idem then
+  local done = redis.call('GET', idem)
+  if done then return {-3, done} end
+end
 local record = redis.call('GET', KEYS[1])
-if not record then
+local fence, created = string.match(record or '', '^(%d+) (%d+) ')
+if not fence then
   return {0}
 end
-for i = 2, #KEYS do
+for i = 2, last do
   if redis.call('GET', KEYS[i]) ~= ARGV[1] then
     return {0}
   end
 end
-local fence, created = string.match(record, '^(%d+) (%d+) ')
-fence, created = tonumber(fence) or 0, tonumber(created)
+fence, created = tonumber(fence), tonumber(created)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-created = created or now
 if now + tonumber(ARGV[2]) - created > tonumber(ARGV[3]) then
   return {-1, created, now}
 end
-for i = 1, #KEYS do
+for i = 1, last do
   redis.call('PEXPIRE', KEYS[i], ARGV[2])
 end
-return {1, fence, redis.call('PTTL', KEYS[1]), now}
+local pttl = redis.call('PTTL', KEYS[1])
+if idem then
+  local seats = string.match(record, '^%d+ %d+ (.*)$')
+  redis.call('SET', idem, string.format('%s 200 %d %d %s', ARGV[4], fence, now + pttl, seats), 'PX', ARGV[5])
+end
+return {1, fence, pttl, now}

@@ -2,21 +2,25 @@
 -- lookup.lua: read a hold (or the sale it became) by token. Read-only.
 --
 -- KEYS[1] hold record
--- KEYS[2] sale record (optional)
+-- KEYS[2] sale record (read only when ARGV[1] is "1")
+-- KEYS[3] idempotency record (optional)
+-- ARGV[1] "1" to look for the sale record too
 --
--- Returns {1, pttl_ms, now_ms, record} for a live hold, {2, -1, now_ms,
--- record} for a confirmed one, {0} otherwise. A record is
--- "<fence> <created_ms> <kind> <seats>" (see hold.lua).
+-- Returns {found, pttl_ms, now_ms, record, idempotency record or nil}:
+-- found is 1 for a live hold, 2 for a confirmed one (pttl -1), 0 for
+-- nothing (record nil). A record is "<fence> <created_ms> <kind> <seats>"
+-- (see hold.lua); an abandoned hold's tombstone is not one.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local done = KEYS[3] and redis.call('GET', KEYS[3])
 local record = redis.call('GET', KEYS[1])
-if record then
-  return {1, redis.call('PTTL', KEYS[1]), now, record}
+if record and string.match(record, '^%d') then
+  return {1, redis.call('PTTL', KEYS[1]), now, record, done}
 end
-if #KEYS >= 2 then
+if ARGV[1] == '1' then
   record = redis.call('GET', KEYS[2])
   if record then
-    return {2, -1, now, record}
+    return {2, -1, now, record, done}
   end
 end
-return {0}
+return {0, -2, now, false, done}

@@ -149,14 +149,29 @@ pub struct Options {
     pub max_connections: usize,
 
     /// How long a client may take to send a request's head (slowloris
-    /// guard), and separately its body (then 408); an idle keep-alive
-    /// connection is closed after it too.
+    /// guard); an idle keep-alive connection is closed after it too. The
+    /// body has its own bound, --body-read-timeout-ms.
     #[arg(
         long,
         env = "SEATHOLD_HEADER_READ_TIMEOUT_MS",
         default_value_t = 10_000
     )]
     pub header_read_timeout_ms: u64,
+
+    /// How long a client may take to send a request's body once its head
+    /// has arrived (then 408). Bodies are read before a request takes one
+    /// of the --max-in-flight slots, so slow senders cannot hold them.
+    #[arg(long, env = "SEATHOLD_BODY_READ_TIMEOUT_MS", default_value_t = 2_000)]
+    pub body_read_timeout_ms: u64,
+
+    /// How long the outcome of a request with an Idempotency-Key is kept
+    /// (a repeat within it answers that outcome again).
+    #[arg(
+        long,
+        env = "SEATHOLD_IDEMPOTENCY_TTL_MS",
+        default_value_t = 86_400_000
+    )]
+    pub idempotency_ttl_ms: u64,
 
     /// When set, every write route (POST and DELETE under /v1) needs
     /// `Authorization: Bearer <token>`; reads, health and metrics stay
@@ -238,8 +253,13 @@ impl Options {
         if self.max_in_flight == 0 || self.max_connections == 0 {
             return fail("--max-in-flight and --max-connections must be at least 1".into());
         }
-        if self.header_read_timeout_ms == 0 {
-            return fail("--header-read-timeout-ms must be positive".into());
+        if self.header_read_timeout_ms == 0 || self.body_read_timeout_ms == 0 {
+            return fail(
+                "--header-read-timeout-ms and --body-read-timeout-ms must be positive".into(),
+            );
+        }
+        if self.idempotency_ttl_ms < 1_000 {
+            return fail("--idempotency-ttl-ms must be at least 1000".into());
         }
         if self.api_token.as_deref().is_some_and(|t| t.len() < 16) {
             return fail("--api-token must be at least 16 characters".into());
@@ -259,6 +279,7 @@ impl Options {
             max_seats_per_hold: self.max_seats_per_hold,
             confirm_wait_replicas: self.confirm_wait_replicas,
             confirm_wait_timeout_ms: self.confirm_wait_timeout_ms,
+            idempotency_ttl_ms: self.idempotency_ttl_ms,
         }
     }
 

@@ -53,6 +53,12 @@ pub enum Error {
     Overloaded,
     #[error("internal error")]
     Internal(String),
+    #[error("Redis refused the operation; this is a bug or foreign data in a seathold key")]
+    RedisRefused(RedisFault, String),
+    #[error("Idempotency-Key must be 1-255 characters from [A-Za-z0-9_.:-]")]
+    InvalidIdempotencyKey,
+    #[error("this Idempotency-Key was used for a different request")]
+    IdempotencyKeyReused,
 }
 
 impl Error {
@@ -64,19 +70,22 @@ impl Error {
             | Self::InvalidSeat
             | Self::InvalidTtl(_)
             | Self::DuplicateSeat(_)
-            | Self::TooManySeats(_) => StatusCode::BAD_REQUEST,
+            | Self::TooManySeats(_)
+            | Self::InvalidIdempotencyKey => StatusCode::BAD_REQUEST,
             Self::HoldNotFound | Self::NotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::SeatsTaken(_) => StatusCode::CONFLICT,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::CrossSlot(_) | Self::LifetimeExceeded { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::CrossSlot(_) | Self::LifetimeExceeded { .. } | Self::IdempotencyKeyReused => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::RedisUnavailable(..) | Self::NotReplicated(_) | Self::Overloaded => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Internal(_) | Self::RedisRefused(..) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -102,7 +111,9 @@ impl Error {
             Self::NotReplicated(_) => "not_replicated",
             Self::Unauthorized => "unauthorized",
             Self::RequestTimeout => "request_timeout",
-            Self::Internal(_) => "internal",
+            Self::Internal(_) | Self::RedisRefused(..) => "internal",
+            Self::InvalidIdempotencyKey => "invalid_idempotency_key",
+            Self::IdempotencyKeyReused => "idempotency_key_reused",
         }
     }
 
@@ -165,7 +176,12 @@ enum Detail<'a> {
 }
 
 impl From<redis::RedisError> for Error {
+    /// A fault that retrying cannot mend (a key of a foreign type, a script
+    /// error) is 500 `internal`; everything else is 503, try again.
     fn from(err: redis::RedisError) -> Self {
-        Self::RedisUnavailable(RedisFault::of(&err), err.to_string())
+        match RedisFault::of(&err) {
+            RedisFault::Protocol => Self::RedisRefused(RedisFault::Protocol, err.to_string()),
+            fault => Self::RedisUnavailable(fault, err.to_string()),
+        }
     }
 }

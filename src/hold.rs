@@ -11,6 +11,7 @@ use redis::Value;
 
 use crate::cluster::{Cluster, Deadline, Wait};
 use crate::error::Error;
+use crate::idempotency::{Idem, Recorded};
 use crate::ids::{HoldToken, SeatId, ShowId};
 use crate::keys::{self, KeySpace};
 use crate::metrics as m;
@@ -25,6 +26,36 @@ pub struct Limits {
     pub max_seats_per_hold: usize,
     pub confirm_wait_replicas: u32,
     pub confirm_wait_timeout_ms: u64,
+    /// How long the outcome under an `Idempotency-Key` is kept.
+    pub idempotency_ttl_ms: u64,
+}
+
+/// How long the daemon's own idempotency record of a release is kept: long
+/// enough for any resend of its script within one request's deadline.
+const INTERNAL_IDEMPOTENCY_TTL_MS: u64 = 60_000;
+
+/// An answer, and whether it was replayed from an idempotency record.
+#[derive(Debug)]
+pub struct Answer<T> {
+    pub value: T,
+    pub replayed: bool,
+}
+
+impl<T> Answer<T> {
+    fn fresh(value: T) -> Self {
+        Self {
+            value,
+            replayed: false,
+        }
+    }
+
+    fn replayed(value: T) -> Self {
+        metrics::counter!(m::IDEMPOTENT_REPLAYS).increment(1);
+        Self {
+            value,
+            replayed: true,
+        }
+    }
 }
 
 /// A live hold record read back from Redis.
@@ -42,6 +73,43 @@ enum Found {
     Hold(Record),
     /// A confirmed hold (only when the sale record was asked for).
     Sale(Record),
+}
+
+/// A lookup's answer: the hold, Redis's clock, and the idempotency record
+/// of the request, if one was asked for and exists.
+struct Lookup {
+    found: Found,
+    now_ms: i64,
+    recorded: Option<String>,
+}
+
+/// The integers of a script's reply, or `None` when one element is not.
+fn ints(reply: &[Value]) -> Option<Vec<i64>> {
+    reply
+        .iter()
+        .map(|v| match v {
+            Value::Int(i) => Some(*i),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A reply's string element (an idempotency record).
+fn text(v: Option<&Value>) -> Option<String> {
+    match v {
+        Some(Value::BulkString(b)) => String::from_utf8(b.clone()).ok(),
+        Some(Value::SimpleString(s)) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// The `{-3, record}` reply of a write script whose idempotency record
+/// already exists.
+fn replay_of(reply: &[Value]) -> Option<String> {
+    match reply {
+        [Value::Int(-3), record] => text(Some(record)),
+        _ => None,
+    }
 }
 
 /// The hold service: the operations behind the routes.
@@ -93,15 +161,29 @@ impl Service {
         Ok(())
     }
 
+    /// The idempotency key of `idem` under `show`, and the script
+    /// arguments that go with it: fingerprint and TTL, or "" when none.
+    fn idem_args<'a>(&self, show: &ShowId, idem: Option<&'a Idem>) -> (Option<String>, &'a str) {
+        match idem {
+            Some(idem) => (
+                Some(self.keys.idempotency(show, idem.key.as_str())),
+                idem.fingerprint.as_str(),
+            ),
+            None => (None, ""),
+        }
+    }
+
     /// Holds `seats`, all or nothing. `home` is the show whose routes
-    /// serve the hold afterwards.
+    /// serve the hold afterwards. With `idem`, the outcome is recorded in
+    /// the same script and a repeat answers it again.
     pub async fn hold(
         &self,
         deadline: &Deadline,
         home: &ShowId,
         seats: Seats,
         ttl_ms: Option<u64>,
-    ) -> Result<Hold, Error> {
+        idem: Option<&Idem>,
+    ) -> Result<Answer<Hold>, Error> {
         if seats.is_empty() {
             return Err(Error::InvalidRequest(
                 "seats must name at least one seat".into(),
@@ -128,74 +210,173 @@ impl Service {
         let mut shows: Vec<&ShowId> = pairs.iter().map(|&(show, _)| show).collect();
         shows.sort_unstable();
         shows.dedup();
-        let mut key_list = Vec::with_capacity(1 + shows.len() + seats.len());
+        let seat_keys: Vec<String> = pairs
+            .iter()
+            .map(|&(show, seat)| self.keys.seat(show, seat))
+            .collect();
+        let mut key_list = Vec::with_capacity(2 + shows.len() + seats.len());
         key_list.push(self.keys.hold_record(home, &token));
         key_list.extend(shows.iter().map(|show| self.keys.fence(show)));
-        key_list.extend(pairs.iter().map(|&(show, seat)| self.keys.seat(show, seat)));
+        key_list.extend(seat_keys.iter().cloned());
         if shows.len() > 1 {
             check_one_slot(&key_list, shows.len(), &pairs)?;
         }
+        let (idem_key, fingerprint) = self.idem_args(home, idem);
+        key_list.extend(idem_key);
 
         let encoded = seats.encode(home);
         let fences = shows.len();
-        let reply: Vec<i64> = self
+        let reply: Result<Vec<Value>, Error> = self
             .cluster
             .eval(deadline, &self.cluster.scripts().hold, &key_list, |c| {
                 c.arg(token.as_str())
                     .arg(ttl)
                     .arg(fences)
                     .arg(seats.kind())
-                    .arg(&encoded);
+                    .arg(&encoded)
+                    .arg(fingerprint)
+                    .arg(self.limits.idempotency_ttl_ms);
             })
-            .await?;
-
-        match reply.as_slice() {
+            .await;
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(err) => {
+                if idem.is_none() && may_have_run(&err) {
+                    let mut keys = vec![key_list.swap_remove(0)];
+                    keys.extend(seat_keys);
+                    self.abandon_later(token, keys, ttl);
+                }
+                return Err(err);
+            }
+        };
+        if let (Some(recorded), Some(idem)) = (replay_of(&reply), idem) {
+            let recorded = Recorded::parse(&recorded, idem)?;
+            return self.replay_hold(deadline, home, seats, &recorded).await;
+        }
+        match ints(&reply).unwrap_or_default().as_slice() {
             [1, fence, pttl, now] => {
                 count(m::HOLDS, 1);
                 count(m::SEATS_HELD, seats.len() as u64);
-                Ok(Hold::new(token, home.clone(), seats, *fence, *pttl, *now))
+                Ok(Answer::fresh(Hold::new(
+                    token,
+                    home.clone(),
+                    seats,
+                    *fence,
+                    *pttl,
+                    *now,
+                )))
             }
             [0, rest @ ..] if !rest.is_empty() && rest.len() % 3 == 0 => {
                 count(m::HOLD_CONFLICTS, 1);
                 Err(Error::SeatsTaken(taken(rest, &pairs, seats.is_multi())))
             }
-            other => Err(Error::Internal(format!(
-                "unexpected reply of hold.lua: {other:?}"
+            _ => Err(Error::Internal(format!(
+                "unexpected reply of hold.lua: {reply:?}"
             ))),
         }
     }
 
+    /// A hold's recorded outcome `201 <token> <fence> <at>`, answered again
+    /// with the hold's current remaining time while it lives.
+    async fn replay_hold(
+        &self,
+        deadline: &Deadline,
+        home: &ShowId,
+        seats: Seats,
+        recorded: &Recorded,
+    ) -> Result<Answer<Hold>, Error> {
+        let token = HoldToken::parse(recorded.fields.first().map_or("", String::as_str))?;
+        let (fence, at) = (recorded.int(1)?, recorded.int(2)?);
+        let lookup = self.lookup(deadline, home, &token, None, false).await?;
+        let pttl = match lookup.found {
+            Found::Hold(rec) => rec.pttl,
+            _ => (at - lookup.now_ms).max(0),
+        };
+        Ok(Answer::replayed(Hold::new(
+            token,
+            home.clone(),
+            seats,
+            fence,
+            pttl,
+            lookup.now_ms,
+        )))
+    }
+
+    /// Releases (or forestalls) in the background the hold `token` whose
+    /// request was answered 503 after its script may have reached Redis,
+    /// until that succeeds or the hold would have expired anyway. `keys` are
+    /// the record's and the seats'.
+    fn abandon_later(&self, token: HoldToken, keys: Vec<String>, ttl_ms: u64) {
+        let cluster = Arc::clone(&self.cluster);
+        tokio::spawn(async move {
+            let give_up = std::time::Instant::now() + std::time::Duration::from_millis(ttl_ms);
+            let mut backoff = std::time::Duration::from_millis(50);
+            loop {
+                let deadline = cluster.deadline();
+                let script = &cluster.scripts().abandon;
+                let done: Result<i64, Error> = cluster
+                    .eval(&deadline, script, &keys, |c| {
+                        c.arg(token.as_str()).arg(ttl_ms);
+                    })
+                    .await;
+                match done {
+                    Ok(released) => {
+                        count(m::ORPHAN_RELEASES, 1);
+                        tracing::info!(released = released == 1, "abandoned a hold answered 503");
+                        return;
+                    }
+                    Err(err) if std::time::Instant::now() >= give_up => {
+                        tracing::warn!(error = %err, "gave up abandoning a hold answered 503; it expires by itself");
+                        return;
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(std::time::Duration::from_secs(1));
+                    }
+                }
+            }
+        });
+    }
+
+    /// Reads the hold `token` (and its sale, with `with_sale`), and the
+    /// record under `idem`'s key when given.
     async fn lookup(
         &self,
         deadline: &Deadline,
         show: &ShowId,
         token: &HoldToken,
+        idem: Option<&Idem>,
         with_sale: bool,
-    ) -> Result<Found, Error> {
-        let mut key_list = vec![self.keys.hold_record(show, token)];
-        if with_sale {
-            key_list.push(self.keys.sale_record(show, token));
-        }
+    ) -> Result<Lookup, Error> {
+        let mut key_list = vec![
+            self.keys.hold_record(show, token),
+            self.keys.sale_record(show, token),
+        ];
+        key_list.extend(self.idem_args(show, idem).0);
         let reply: Vec<Value> = self
             .cluster
-            .eval(deadline, &self.cluster.scripts().lookup, &key_list, |_| {})
+            .eval(deadline, &self.cluster.scripts().lookup, &key_list, |c| {
+                c.arg(if with_sale { "1" } else { "0" });
+            })
             .await?;
         let int = |v: Option<&Value>| match v {
             Some(Value::Int(i)) => Some(*i),
             _ => None,
         };
-        let found =
-            int(reply.first()).ok_or_else(|| Error::Internal("bad reply of lookup.lua".into()))?;
+        let unreadable = || Error::Internal(format!("unreadable reply of lookup.lua for {show}"));
+        let found = int(reply.first()).ok_or_else(unreadable)?;
+        let now_ms = int(reply.get(2)).ok_or_else(unreadable)?;
+        let recorded = text(reply.get(4));
         if found == 0 {
-            return Ok(Found::Nothing);
+            return Ok(Lookup {
+                found: Found::Nothing,
+                now_ms,
+                recorded,
+            });
         }
         // "<fence> <created_ms> <kind> <seats>", see lua/hold.lua.
-        let unreadable = || Error::Internal(format!("unreadable hold record for {show}"));
-        let Some(Value::BulkString(raw)) = reply.get(3) else {
-            return Err(unreadable());
-        };
-        let record = std::str::from_utf8(raw).map_err(|_| unreadable())?;
-        let mut parts = record.splitn(4, ' ');
+        let raw = text(reply.get(3)).ok_or_else(unreadable)?;
+        let mut parts = raw.splitn(4, ' ');
         let (Some(fence), Some(_created), Some(kind), Some(encoded)) =
             (parts.next(), parts.next(), parts.next(), parts.next())
         else {
@@ -203,33 +384,25 @@ impl Service {
         };
         let record = Record {
             pttl: int(reply.get(1)).unwrap_or(-1),
-            now_ms: int(reply.get(2)).unwrap_or(0),
+            now_ms,
             seats: Seats::decode(kind, encoded, show).ok_or_else(unreadable)?,
             fence: fence.parse().map_err(|_| unreadable())?,
         };
-        Ok(if found == 1 {
+        let found = if found == 1 {
             Found::Hold(record)
         } else {
             Found::Sale(record)
+        };
+        Ok(Lookup {
+            found,
+            now_ms,
+            recorded,
         })
-    }
-
-    /// The live hold record of `token`, or 404.
-    async fn live(
-        &self,
-        deadline: &Deadline,
-        show: &ShowId,
-        token: &HoldToken,
-    ) -> Result<Record, Error> {
-        match self.lookup(deadline, show, token, false).await? {
-            Found::Hold(rec) => Ok(rec),
-            _ => Err(Error::HoldNotFound),
-        }
     }
 
     /// The hold record's key, then the key of every seat of the hold.
     fn record_and_seat_keys(&self, show: &ShowId, token: &HoldToken, seats: &Seats) -> Vec<String> {
-        let mut key_list = Vec::with_capacity(2 + seats.len());
+        let mut key_list = Vec::with_capacity(3 + seats.len());
         key_list.push(self.keys.hold_record(show, token));
         key_list.extend(seats.pairs(show).map(|(s, seat)| self.keys.seat(s, seat)));
         key_list
@@ -242,15 +415,21 @@ impl Service {
         show: &ShowId,
         token: HoldToken,
     ) -> Result<Hold, Error> {
-        let rec = self.live(deadline, show, &token).await?;
-        Ok(Hold::new(
-            token,
-            show.clone(),
-            rec.seats,
-            rec.fence,
-            rec.pttl,
-            rec.now_ms,
-        ))
+        match self
+            .lookup(deadline, show, &token, None, false)
+            .await?
+            .found
+        {
+            Found::Hold(rec) => Ok(Hold::new(
+                token,
+                show.clone(),
+                rec.seats,
+                rec.fence,
+                rec.pttl,
+                rec.now_ms,
+            )),
+            _ => Err(Error::HoldNotFound),
+        }
     }
 
     /// Sets the remaining time of hold `token` to `ttl_ms`.
@@ -260,36 +439,55 @@ impl Service {
         show: &ShowId,
         token: HoldToken,
         ttl_ms: Option<u64>,
-    ) -> Result<Hold, Error> {
+        idem: Option<&Idem>,
+    ) -> Result<Answer<Hold>, Error> {
         let ttl = self.ttl(ttl_ms)?;
-        let rec = self.live(deadline, show, &token).await?;
-        let key_list = self.record_and_seat_keys(show, &token, &rec.seats);
+        let lookup = self.lookup(deadline, show, &token, idem, false).await?;
+        if let (Some(recorded), Some(idem)) = (lookup.recorded, idem) {
+            let recorded = Recorded::parse(&recorded, idem)?;
+            return replay_extend(show, token, lookup.found, lookup.now_ms, &recorded);
+        }
+        let Found::Hold(rec) = lookup.found else {
+            return Err(Error::HoldNotFound);
+        };
+        let mut key_list = self.record_and_seat_keys(show, &token, &rec.seats);
+        let (idem_key, fingerprint) = self.idem_args(show, idem);
+        key_list.extend(idem_key);
         let max = self.limits.max_hold_lifetime_ms;
-        let reply: Vec<i64> = self
+        let reply: Vec<Value> = self
             .cluster
             .eval(deadline, &self.cluster.scripts().extend, &key_list, |c| {
-                c.arg(token.as_str()).arg(ttl).arg(max);
+                c.arg(token.as_str())
+                    .arg(ttl)
+                    .arg(max)
+                    .arg(fingerprint)
+                    .arg(self.limits.idempotency_ttl_ms);
             })
             .await?;
-        match reply.as_slice() {
+        if let (Some(recorded), Some(idem)) = (replay_of(&reply), idem) {
+            // A concurrent twin of this request won the race.
+            let recorded = Recorded::parse(&recorded, idem)?;
+            return replay_extend(show, token, Found::Hold(rec), lookup.now_ms, &recorded);
+        }
+        match ints(&reply).unwrap_or_default().as_slice() {
             [1, fence, pttl, now] => {
                 count(m::EXTENDS, 1);
-                Ok(Hold::new(
+                Ok(Answer::fresh(Hold::new(
                     token,
                     show.clone(),
                     rec.seats,
                     *fence,
                     *pttl,
                     *now,
-                ))
+                )))
             }
             [0] => Err(Error::HoldNotFound),
             [-1, created, now] => Err(Error::LifetimeExceeded {
                 max_ms: max,
                 remaining_ms: i64::try_from(max).unwrap_or(i64::MAX) - (now - created),
             }),
-            other => Err(Error::Internal(format!(
-                "unexpected reply of extend.lua: {other:?}"
+            _ => Err(Error::Internal(format!(
+                "unexpected reply of extend.lua: {reply:?}"
             ))),
         }
     }
@@ -300,38 +498,91 @@ impl Service {
         deadline: &Deadline,
         show: &ShowId,
         token: HoldToken,
-    ) -> Result<(), Error> {
-        let rec = self.live(deadline, show, &token).await?;
-        let key_list = self.record_and_seat_keys(show, &token, &rec.seats);
-        let released: i64 = self
+        idem: Option<&Idem>,
+    ) -> Result<Answer<()>, Error> {
+        let lookup = self.lookup(deadline, show, &token, idem, false).await?;
+        if let (Some(recorded), Some(idem)) = (lookup.recorded, idem) {
+            Recorded::parse(&recorded, idem)?;
+            return Ok(Answer::replayed(()));
+        }
+        let Found::Hold(rec) = lookup.found else {
+            return Err(Error::HoldNotFound);
+        };
+        // Without a client's key, a key of the daemon's own: a resend of the
+        // script then finds it and answers 204 as the first run did.
+        let internal;
+        let (idem, ttl, own_key) = match idem {
+            Some(idem) => (idem, self.limits.idempotency_ttl_ms, false),
+            None => {
+                internal = Idem::internal();
+                (&internal, INTERNAL_IDEMPOTENCY_TTL_MS, true)
+            }
+        };
+        let mut key_list = self.record_and_seat_keys(show, &token, &rec.seats);
+        key_list.push(self.keys.idempotency(show, idem.key.as_str()));
+        let reply: Value = self
             .cluster
             .eval(deadline, &self.cluster.scripts().release, &key_list, |c| {
-                c.arg(token.as_str());
+                c.arg(token.as_str()).arg(&idem.fingerprint).arg(ttl);
             })
             .await?;
-        if released == 1 {
-            count(m::RELEASES, 1);
-            Ok(())
-        } else {
-            Err(Error::HoldNotFound)
+        match reply {
+            Value::Int(1) => {
+                count(m::RELEASES, 1);
+                Ok(Answer::fresh(()))
+            }
+            Value::Int(0) => Err(Error::HoldNotFound),
+            Value::Array(reply) => {
+                let recorded = replay_of(&reply)
+                    .ok_or_else(|| Error::Internal("unexpected reply of release.lua".into()))?;
+                Recorded::parse(&recorded, idem)?;
+                // The daemon's own resend is no replay for the client.
+                Ok(if own_key {
+                    count(m::RELEASES, 1);
+                    Answer::fresh(())
+                } else {
+                    Answer::replayed(())
+                })
+            }
+            other => Err(Error::Internal(format!(
+                "unexpected reply of release.lua: {other:?}"
+            ))),
         }
     }
 
     /// Sells hold `token`, then waits for replicas to have the sale (see
     /// [`Cluster::eval_and_wait`]). A confirmed token confirms again with the
-    /// same answer.
+    /// same answer; so does a repeat under the same `idem`, which confirms
+    /// and waits again, so that its 200 still means "replicated".
     pub async fn confirm(
         &self,
         deadline: &Deadline,
         show: &ShowId,
         token: HoldToken,
-    ) -> Result<Confirmation, Error> {
-        let rec = match self.lookup(deadline, show, &token, true).await? {
+        idem: Option<&Idem>,
+    ) -> Result<Answer<Confirmation>, Error> {
+        let lookup = self.lookup(deadline, show, &token, idem, true).await?;
+        let replayed = match (lookup.recorded, idem) {
+            (Some(recorded), Some(idem)) => {
+                Recorded::parse(&recorded, idem)?;
+                true
+            }
+            _ => false,
+        };
+        let rec = match lookup.found {
             Found::Hold(rec) | Found::Sale(rec) => rec,
             Found::Nothing => return Err(Error::HoldNotFound),
         };
         let mut key_list = self.record_and_seat_keys(show, &token, &rec.seats);
         key_list.insert(1, self.keys.sale_record(show, &token));
+        let (idem_key, fingerprint) = self.idem_args(show, idem);
+        // A replay confirms again without recording again.
+        let (idem_key, fingerprint) = if replayed {
+            (None, "")
+        } else {
+            (idem_key, fingerprint)
+        };
+        key_list.extend(idem_key);
         let wait = Wait {
             replicas: self.limits.confirm_wait_replicas,
             timeout_ms: self.limits.confirm_wait_timeout_ms,
@@ -343,7 +594,9 @@ impl Service {
                 &self.cluster.scripts().confirm,
                 &key_list,
                 |c| {
-                    c.arg(token.as_str());
+                    c.arg(token.as_str())
+                        .arg(fingerprint)
+                        .arg(self.limits.idempotency_ttl_ms);
                 },
                 // Nothing was sold when the hold is gone: no WAIT.
                 |reply: &Vec<i64>| (reply.first() != Some(&0)).then_some(wait),
@@ -373,7 +626,11 @@ impl Service {
             tracing::warn!(%show, replicas, wanted = wait.replicas, "confirm not replicated in time");
             return Err(Error::NotReplicated(confirmation));
         }
-        Ok(confirmation)
+        Ok(if replayed {
+            Answer::replayed(confirmation)
+        } else {
+            Answer::fresh(confirmation)
+        })
     }
 
     /// The states of `seats` of `show`, in order.
@@ -397,6 +654,45 @@ impl Service {
             .map(|c| State::from_reply(c[0], c[1]))
             .collect())
     }
+}
+
+/// Whether the script of a request that failed with `err` may have run:
+/// it timed out, or its connection broke after sending.
+fn may_have_run(err: &Error) -> bool {
+    use crate::cluster::RedisFault;
+    matches!(
+        err,
+        Error::RedisUnavailable(RedisFault::Timeout | RedisFault::Io, _)
+    )
+}
+
+/// An extend's recorded outcome `200 <fence> <at> <kind> <seats>`, answered
+/// again with the hold's current remaining time while it lives.
+fn replay_extend(
+    show: &ShowId,
+    token: HoldToken,
+    found: Found,
+    now_ms: i64,
+    recorded: &Recorded,
+) -> Result<Answer<Hold>, Error> {
+    let (fence, at) = (recorded.int(0)?, recorded.int(1)?);
+    let unreadable = || Error::Internal("unreadable idempotency record of an extend".into());
+    let (seats, pttl) = match found {
+        Found::Hold(rec) => (rec.seats, rec.pttl),
+        _ => {
+            let kind = recorded.fields.get(2).ok_or_else(unreadable)?;
+            let seats = Seats::decode(kind, &recorded.rest(3), show).ok_or_else(unreadable)?;
+            (seats, (at - now_ms).max(0))
+        }
+    };
+    Ok(Answer::replayed(Hold::new(
+        token,
+        show.clone(),
+        seats,
+        fence,
+        pttl,
+        now_ms,
+    )))
 }
 
 /// The seats a conflict names: `hold.lua` answers `(index, state, pttl)`

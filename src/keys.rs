@@ -113,6 +113,12 @@ impl KeySpace {
         self.record(show.as_ref(), "sale", token.as_ref())
     }
 
+    /// `<prefix>{show:<show>}#idem:<key>`: the outcome recorded under an
+    /// idempotency key, scoped to the request's home show.
+    pub fn idempotency(&self, show: &(impl AsRef<str> + ?Sized), key: &str) -> String {
+        self.record(show.as_ref(), "idem", key)
+    }
+
     /// `<prefix>{show:<show>}#fence`: the show's fence counter.
     pub fn fence(&self, show: &(impl AsRef<str> + ?Sized)) -> String {
         let show = show.as_ref();

@@ -15,6 +15,7 @@
 //! - [`tasks`]: background tasks, started and stopped the same way.
 //! - [`http`]: routes and their methods, bodies, one handler per route.
 //! - [`ids`]: show, seat and token ids, parsed once at the HTTP edge.
+//! - [`idempotency`]: `Idempotency-Key`s, request fingerprints, recorded outcomes.
 //! - [`model`]: every body the API answers with, typed.
 //! - [`error`]: the one error type, its status codes and bodies.
 //! - [`hold`]: the hold operations: typed ids in, one script, a shaped answer.
@@ -35,6 +36,7 @@ pub mod error;
 pub mod expiry;
 pub mod hold;
 pub mod http;
+pub mod idempotency;
 pub mod ids;
 pub mod keys;
 pub mod metrics;

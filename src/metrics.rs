@@ -28,6 +28,12 @@ pub const REDIS_ERRORS: &str = "seathold_redis_errors_total";
 /// 1 when `/readyz` answers 200 (contract).
 pub const CLUSTER_READY: &str = "seathold_cluster_ready";
 
+/// Holds answered 503 whose token the daemon released (or forestalled) in
+/// the background so that no seat stays held by nobody (contract, 1.1).
+pub const ORPHAN_RELEASES: &str = "seathold_orphan_releases_total";
+/// Requests answered from an idempotency record (contract, 1.1).
+pub const IDEMPOTENT_REPLAYS: &str = "seathold_idempotent_replays_total";
+
 /// Confirms whose sale reached fewer replicas than required in time.
 pub const CONFIRMS_NOT_REPLICATED: &str = "seathold_confirms_not_replicated_total";
 /// Scripts sent again with EVAL after a NOSCRIPT, by script.
@@ -101,6 +107,14 @@ fn describe() {
         "Holds that expired in Redis without release or confirm, from keyspace expiry events; trails the TTL."
     );
     describe_counter!(RELEASES, "Holds released.");
+    describe_counter!(
+        ORPHAN_RELEASES,
+        "Holds answered 503 that the daemon released (or forestalled) in the background."
+    );
+    describe_counter!(
+        IDEMPOTENT_REPLAYS,
+        "Requests answered again from the outcome recorded under their Idempotency-Key."
+    );
     describe_counter!(EXTENDS, "Holds extended.");
     describe_counter!(CONFIRMS, "Holds confirmed (sold).");
     describe_counter!(
@@ -166,6 +180,8 @@ pub fn register_zeroes() {
         EXTENDS,
         CONFIRMS,
         CROSS_SLOT_REJECTIONS,
+        ORPHAN_RELEASES,
+        IDEMPOTENT_REPLAYS,
         CONFIRMS_NOT_REPLICATED,
         TOPOLOGY_CHANGES,
         HTTP_OVERLOADED,

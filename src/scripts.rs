@@ -73,6 +73,33 @@ impl Script {
     }
 }
 
+impl Script {
+    /// Runs the script on the node an `ASK` redirect named: `ASKING` and
+    /// then `EVAL` with the body, in one pipeline, so that the flag goes
+    /// with this very command and a node that never saw the script runs it.
+    pub async fn run_asking<C, T>(
+        &self,
+        con: &mut C,
+        keys: &[String],
+        args: impl Fn(&mut Cmd),
+    ) -> RedisResult<T>
+    where
+        C: ConnectionLike + Send,
+        T: FromRedisValue,
+    {
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(self.body).arg(keys.len()).arg(keys);
+        args(&mut eval);
+        let (reply,): (T,) = redis::pipe()
+            .cmd("ASKING")
+            .ignore()
+            .add_command(eval)
+            .query_async(con)
+            .await?;
+        Ok(reply)
+    }
+}
+
 /// Every script seathold runs.
 #[derive(Debug, Clone)]
 pub struct Scripts {
@@ -88,6 +115,8 @@ pub struct Scripts {
     pub lookup: Script,
     /// `lua/seats.lua`: seat states.
     pub seats: Script,
+    /// `lua/abandon.lua`: undo (or forestall) a hold answered 503.
+    pub abandon: Script,
 }
 
 impl Scripts {
@@ -100,11 +129,12 @@ impl Scripts {
             confirm: Script::new("confirm", include_str!("../lua/confirm.lua")),
             lookup: Script::new("lookup", include_str!("../lua/lookup.lua")),
             seats: Script::new("seats", include_str!("../lua/seats.lua")),
+            abandon: Script::new("abandon", include_str!("../lua/abandon.lua")),
         }
     }
 
     /// All scripts, for loading them.
-    pub fn all(&self) -> [&Script; 6] {
+    pub fn all(&self) -> [&Script; 7] {
         [
             &self.hold,
             &self.release,
@@ -112,6 +142,7 @@ impl Scripts {
             &self.confirm,
             &self.lookup,
             &self.seats,
+            &self.abandon,
         ]
     }
 }

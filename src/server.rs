@@ -173,28 +173,22 @@ impl Accept<'_> {
         let open = Arc::clone(&self.open);
         let gauge = metrics::gauge!(crate::metrics::HTTP_CONNECTIONS);
         gauge.increment(1.0);
-        let mut builder = http1::Builder::new();
-        builder
-            .timer(TokioTimer::new())
-            .header_read_timeout(self.header_read_timeout);
         let done = move || {
             open.fetch_sub(1, Ordering::Relaxed);
             gauge.decrement(1.0);
         };
         if over {
-            // Past the connection limit: one clean 503, then close.
             metrics::counter!(crate::metrics::HTTP_OVERLOADED).increment(1);
-            builder.keep_alive(false);
-            let service = service_fn(|_req| async {
-                Ok::<_, Infallible>(http::error_response(crate::error::Error::Overloaded))
-            });
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
             tokio::spawn(async move {
-                let _ = conn.await;
+                refuse(stream).await;
                 done();
             });
             return;
         }
+        let mut builder = http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.header_read_timeout);
         let app = Arc::clone(self.app);
         let service = service_fn(move |req| {
             let app = Arc::clone(&app);
@@ -210,6 +204,35 @@ impl Accept<'_> {
             done();
         });
     }
+}
+
+/// Refuses a connection past `--max-connections` at once, without waiting
+/// for its request: one 503 `overloaded`, then close. The rest of what the
+/// client sent is read and dropped for a moment, so that closing does not
+/// reset the connection before the client has read the answer.
+async fn refuse(mut stream: tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    static ANSWER: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    let answer = ANSWER.get_or_init(|| {
+        let err = crate::error::Error::Overloaded;
+        let body = serde_json::to_vec(&err.body()).unwrap_or_default();
+        let mut answer = format!(
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+             retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        answer.extend(body);
+        answer
+    });
+    if stream.write_all(answer).await.is_err() || stream.shutdown().await.is_err() {
+        return;
+    }
+    let mut sink = [0u8; 1024];
+    let _ = tokio::time::timeout(Duration::from_millis(250), async {
+        while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
 }
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.

@@ -66,17 +66,53 @@ async fn past_the_in_flight_limit_requests_get_a_clean_503() {
     let mut opts = options();
     opts.max_in_flight = 2;
     opts.header_read_timeout_ms = 3_000;
+    opts.body_read_timeout_ms = 3_000;
     let s = server_with(opts).await;
-    // Two requests whose bodies are still coming hold both slots.
-    let mut holders = Vec::new();
-    for _ in 0..2 {
+    // Bodies that are still coming hold no request slot: they are read
+    // before a request is admitted.
+    let mut tricklers = Vec::new();
+    for _ in 0..3 {
         let mut c = TcpStream::connect(s.addr).await.expect("connect");
         c.write_all(b"POST /v1/shows/42/holds HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n{")
             .await
             .expect("write");
-        holders.push(c);
+        tricklers.push(c);
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, body) = s
+        .call(
+            "POST",
+            &format!("/v1/shows/{}/seats/A1/hold", show("slow-bodies")),
+            None,
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+
+    // Two holds waiting on a paused master hold both slots.
+    let busy = show("busy");
+    let slot = seathold::keys::KeySpace::new("seat-hold:").show_slot(&busy);
+    let port = common::cluster()
+        .master_port_for_slot(slot)
+        .await
+        .expect("master of the slot");
+    let mut master = common::node(port).await;
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1500)
+        .arg("WRITE")
+        .query_async(&mut master)
+        .await
+        .expect("CLIENT PAUSE");
+    let waiting: Vec<_> = (0..2)
+        .map(|i| {
+            let (http, url) = (
+                s.http.clone(),
+                format!("{}/v1/shows/{busy}/seats/W{i}/hold", s.base),
+            );
+            tokio::spawn(async move { http.post(url).send().await.map(|r| r.status().as_u16()) })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let r = s
         .http
         .post(format!(
@@ -102,18 +138,21 @@ async fn past_the_in_flight_limit_requests_get_a_clean_503() {
         .await
         .lines()
         .any(|l| l.starts_with("seathold_http_overloaded_total") && !l.ends_with(" 0")));
-    drop(holders);
-    // Slots come back once those requests end.
-    common::eventually(Duration::from_secs(5), "a free request slot", || async {
+    // The paused holds finish when the pause ends, and free their slots.
+    for w in waiting {
+        assert_eq!(w.await.expect("task").expect("answer"), 201);
+    }
+    drop(tricklers);
+    assert_eq!(
         s.call(
             "POST",
             &format!("/v1/shows/{}/seats/A1/hold", show("free")),
-            None,
+            None
         )
         .await
-        .0 == 201
-    })
-    .await;
+        .0,
+        201
+    );
 }
 
 #[tokio::test]

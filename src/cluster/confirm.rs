@@ -4,13 +4,22 @@
 //! `WAIT` blocks the connection it is sent on and counts only that
 //! connection's writes, so the sale and its `WAIT` must share a connection
 //! that no other request uses meanwhile: never the shared multiplexed ones.
-//! Idle dedicated connections are kept per master, a few at most.
+//! At most [`PER_MASTER`] dedicated connections are open to one master (a
+//! burst of confirms waits for one instead of opening hundreds); idle ones
+//! are kept for the next confirm.
+//!
+//! A slot that moves is followed within the request's deadline: `MOVED` to
+//! the new owner it names (the background probe refreshes the slot map,
+//! never the request), `ASK` to the importing node with `ASKING`, and
+//! `TRYAGAIN`, `CLUSTERDOWN`, `LOADING` after a short pause.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Cmd, FromRedisValue};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::deadline::Deadline;
 use super::fault::{classify, RedisFault, Retry};
@@ -18,36 +27,79 @@ use super::Cluster;
 use crate::error::Error;
 use crate::scripts::Script;
 
-/// Idle dedicated connections kept per master: a burst of confirms must not
-/// leave many idle sockets behind.
+/// Most dedicated connections open to one master, idle and in use.
+pub const PER_MASTER: usize = 32;
+
+/// Idle connections kept to one master.
 const IDLE_PER_MASTER: usize = 16;
 
-/// Idle dedicated connections, per master `host:port`.
+/// Redirects followed by one confirm before it gives up.
+const MAX_REDIRECTS: u32 = 5;
+
+/// A dedicated connection, counted against its master's limit while alive.
+struct Dedicated {
+    conn: MultiplexedConnection,
+    _permit: OwnedSemaphorePermit,
+}
+
+/// What the pool hands out: an idle connection, or leave to open one.
+enum Idle {
+    Conn(Dedicated),
+    Permit(OwnedSemaphorePermit),
+}
+
+/// One master's share of the pool.
+struct Master {
+    limit: Arc<Semaphore>,
+    idle: Vec<Dedicated>,
+}
+
+/// Dedicated connections, per master `host:port`.
 #[derive(Default)]
-pub(super) struct Pool(Mutex<HashMap<String, Vec<MultiplexedConnection>>>);
+pub(super) struct Pool(Mutex<HashMap<String, Master>>);
 
 impl Pool {
-    fn take(&self, addr: &str) -> Option<MultiplexedConnection> {
-        self.lock().get_mut(addr).and_then(Vec::pop)
+    /// An idle connection to `addr`, or the permit to open one (waiting
+    /// while `PER_MASTER` are open).
+    async fn take(&self, addr: &str) -> Result<Idle, Error> {
+        let limit = {
+            let mut pool = self.lock();
+            let master = pool.entry(addr.to_owned()).or_insert_with(|| Master {
+                limit: Arc::new(Semaphore::new(PER_MASTER)),
+                idle: Vec::new(),
+            });
+            if let Some(idle) = master.idle.pop() {
+                return Ok(Idle::Conn(idle));
+            }
+            Arc::clone(&master.limit)
+        };
+        limit
+            .acquire_owned()
+            .await
+            .map(Idle::Permit)
+            .map_err(|_| Error::Internal("the confirm pool's semaphore closed".into()))
     }
 
-    fn give_back(&self, addr: &str, conn: MultiplexedConnection) {
-        let mut pool = self.lock();
-        let idle = pool.entry(addr.to_owned()).or_default();
-        if idle.len() < IDLE_PER_MASTER {
-            idle.push(conn);
+    fn give_back(&self, addr: &str, conn: Dedicated) {
+        if let Some(master) = self.lock().get_mut(addr) {
+            if master.idle.len() < IDLE_PER_MASTER {
+                master.idle.push(conn);
+            }
         }
     }
 
     /// Drops the idle connections to `addr`, after one failed: its idle
     /// siblings are likely as dead as it is.
     fn forget(&self, addr: &str) {
-        self.lock().remove(addr);
+        if let Some(master) = self.lock().get_mut(addr) {
+            master.idle.clear();
+        }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<MultiplexedConnection>>> {
-        // Every change under the lock is one map operation: a panic elsewhere
-        // cannot leave the map half-changed, so a poisoned lock is usable.
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Master>> {
+        // Every change under the lock is one map or vector operation: a
+        // panic elsewhere cannot leave it half-changed, so a poisoned lock
+        // is usable.
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -61,12 +113,22 @@ pub struct Wait {
     pub timeout_ms: u64,
 }
 
+/// Where the next attempt goes.
+enum Target {
+    /// The slot's master, as the slot map says.
+    Master,
+    /// A node a `MOVED` named.
+    Moved(String),
+    /// The importing node an `ASK` named: `ASKING` first.
+    Ask(String),
+}
+
 impl Cluster {
     /// Runs `script` on a dedicated connection to the master of `keys`'
     /// slot, then, when `wait_for(&reply)` says so, `WAIT`s for replicas on
     /// the same connection. Answers the reply and the replicas that
-    /// acknowledged (0 without a `WAIT`). A slot that moved is followed
-    /// (twice at most); everything is bounded by `deadline`.
+    /// acknowledged (0 without a `WAIT`). Everything, connection set-up and
+    /// redirects included, is bounded by `deadline`.
     pub async fn eval_and_wait<T: FromRedisValue>(
         &self,
         deadline: &Deadline,
@@ -78,52 +140,88 @@ impl Cluster {
         let slot = crate::keys::slot(keys.first().map(String::as_bytes).unwrap_or_default());
         deadline
             .run(script.name(), async {
+                let mut target = Target::Master;
                 let mut attempt = 0;
                 loop {
                     attempt += 1;
-                    let addr = self.master_of_slot(slot).await?;
+                    let (addr, asking) = match target {
+                        Target::Master => (self.master_of_slot(slot)?, false),
+                        Target::Moved(addr) => (addr, false),
+                        Target::Ask(addr) => (addr, true),
+                    };
                     let mut conn = self.dedicated(&addr).await?;
-                    let reply: T = match script.run(&mut conn, keys, &args).await {
-                        Ok(reply) => reply,
-                        Err(err) => {
-                            self.confirm_pool.forget(&addr);
-                            self.refresh_topology().await;
-                            if classify(&err).1 == Retry::Elsewhere && attempt < 3 {
-                                // The slot moved (failover, resharding), or
-                                // this node was demoted: try the new owner.
-                                continue;
+                    let run = if asking {
+                        script.run_asking(&mut conn.conn, keys, &args).await
+                    } else {
+                        script.run(&mut conn.conn, keys, &args).await
+                    };
+                    let err = match run {
+                        Ok(reply) => {
+                            let replicas = self.wait(&mut conn.conn, wait_for(&reply)).await?;
+                            self.confirm_pool.give_back(&addr, conn);
+                            return Ok((reply, replicas));
+                        }
+                        Err(err) => err,
+                    };
+                    let retry = classify(&err).1;
+                    target = match (retry, err.redirect_node()) {
+                        _ if attempt >= MAX_REDIRECTS => return Err(err.into()),
+                        (Retry::Elsewhere, Some((to, _))) => {
+                            self.mark_stale();
+                            let to = to.to_owned();
+                            if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask) {
+                                Target::Ask(to)
+                            } else {
+                                Target::Moved(to)
                             }
+                        }
+                        (Retry::Elsewhere, None) => {
+                            // A replica's READONLY: this node was demoted.
+                            self.mark_stale();
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            Target::Master
+                        }
+                        (Retry::Later, _) => {
+                            self.confirm_pool.give_back(&addr, conn);
+                            tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt)))
+                                .await;
+                            Target::Master
+                        }
+                        (Retry::Reconnect | Retry::No, _) => {
+                            self.confirm_pool.forget(&addr);
+                            self.mark_stale();
                             return Err(err.into());
                         }
                     };
-                    let replicas: i64 = match wait_for(&reply) {
-                        Some(wait) if wait.replicas > 0 => {
-                            redis::cmd("WAIT")
-                                .arg(wait.replicas)
-                                .arg(wait.timeout_ms)
-                                .query_async(&mut conn)
-                                .await?
-                        }
-                        _ => 0,
-                    };
-                    self.confirm_pool.give_back(&addr, conn);
-                    return Ok((reply, replicas));
                 }
             })
             .await
     }
 
-    /// The master of `slot`, refreshing the slot map once when it has none.
-    async fn master_of_slot(&self, slot: u16) -> Result<String, Error> {
-        if let Some(addr) = self.routing().topology.master_of(slot) {
-            return Ok(addr.to_owned());
+    /// `WAIT` for `wait`'s replicas on `conn`; 0 without a wait.
+    async fn wait(
+        &self,
+        conn: &mut MultiplexedConnection,
+        wait: Option<Wait>,
+    ) -> Result<i64, Error> {
+        match wait {
+            Some(wait) if wait.replicas > 0 => Ok(redis::cmd("WAIT")
+                .arg(wait.replicas)
+                .arg(wait.timeout_ms)
+                .query_async(conn)
+                .await?),
+            _ => Ok(0),
         }
-        self.refresh_topology().await;
+    }
+
+    /// The master of `slot` in the current slot map.
+    fn master_of_slot(&self, slot: u16) -> Result<String, Error> {
         self.routing()
             .topology
             .master_of(slot)
             .map(str::to_owned)
             .ok_or_else(|| {
+                self.mark_stale();
                 Error::RedisUnavailable(
                     RedisFault::Cluster,
                     format!("no master serves slot {slot}"),
@@ -131,18 +229,23 @@ impl Cluster {
             })
     }
 
-    /// Takes an idle dedicated connection to the master at `addr`, or opens
-    /// one (bounded by the caller's deadline).
-    async fn dedicated(&self, addr: &str) -> Result<MultiplexedConnection, Error> {
-        if let Some(conn) = self.confirm_pool.take(addr) {
-            return Ok(conn);
-        }
+    /// An idle dedicated connection to the node at `addr`, or a new one
+    /// (bounded by the caller's deadline, and by [`PER_MASTER`]).
+    async fn dedicated(&self, addr: &str) -> Result<Dedicated, Error> {
+        let permit = match self.confirm_pool.take(addr).await? {
+            Idle::Conn(idle) => return Ok(idle),
+            Idle::Permit(permit) => permit,
+        };
         let client = self.node_client(addr)?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeout))
             .set_response_timeout(Some(self.timeout));
-        Ok(client
+        let conn = client
             .get_multiplexed_async_connection_with_config(&config)
-            .await?)
+            .await?;
+        Ok(Dedicated {
+            conn,
+            _permit: permit,
+        })
     }
 }

@@ -60,6 +60,10 @@ impl Deadline {
                 metrics::counter!(m::REDIS_ERRORS, "kind" => fault.label()).increment(1);
                 tracing::warn!(op, kind = fault.label(), %detail, "Redis request failed");
             }
+            Err(Error::RedisRefused(fault, detail)) => {
+                metrics::counter!(m::REDIS_ERRORS, "kind" => fault.label()).increment(1);
+                tracing::error!(op, kind = fault.label(), %detail, "Redis refused the operation");
+            }
             Err(Error::Internal(detail)) => tracing::error!(op, %detail, "unexpected Redis reply"),
             _ => {}
         }

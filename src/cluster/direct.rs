@@ -21,7 +21,51 @@ pub(super) fn publish(direct: &HashMap<Arc<str>, MultiplexedConnection>) {
     metrics::gauge!(m::DIRECT_CONNECTIONS).set(direct.len() as f64);
 }
 
+/// A script in flight on the direct path to one master. Dropped while still
+/// armed (the request's deadline cancelled the script), it drops that
+/// master's direct connection and has the slot map refreshed: a connection
+/// that does not answer must not slow every later request for its master.
+pub(super) struct InFlight<'a> {
+    cluster: &'a Cluster,
+    addr: &'a str,
+    armed: bool,
+}
+
+impl<'a> InFlight<'a> {
+    pub(super) fn new(cluster: &'a Cluster, addr: &'a str) -> Self {
+        Self {
+            cluster,
+            addr,
+            armed: true,
+        }
+    }
+
+    /// The script answered (or failed) in time.
+    pub(super) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            tracing::warn!(addr = self.addr, "direct connection timed out; dropping it");
+            self.cluster.drop_direct(self.addr);
+        }
+    }
+}
+
 impl Cluster {
+    /// Drops the direct connection to `addr` (the next `maintain` round
+    /// opens a new one) and has the slot map refreshed soon.
+    fn drop_direct(&self, addr: &str) {
+        let mut routing = self.routing_mut();
+        routing.direct.remove(addr);
+        publish(&routing.direct);
+        drop(routing);
+        self.mark_stale();
+    }
+
     /// The master serving `key`'s slot and the direct connection to it, if
     /// there is one.
     pub(super) fn direct_for(&self, key: &str) -> Option<(Arc<str>, MultiplexedConnection)> {
@@ -37,12 +81,11 @@ impl Cluster {
     /// connection is dropped (the next `maintain` round opens a new one), and
     /// either way the slot map is refreshed soon.
     pub(super) fn direct_failed(&self, addr: &str, err: &redis::RedisError) {
-        if !matches!(err.kind(), redis::ErrorKind::Server(_)) {
-            let mut routing = self.routing_mut();
-            routing.direct.remove(addr);
-            publish(&routing.direct);
+        if matches!(err.kind(), redis::ErrorKind::Server(_)) {
+            self.mark_stale();
+        } else {
+            self.drop_direct(addr);
         }
-        self.mark_stale();
     }
 
     /// Opens, in the background, a direct connection to every master that

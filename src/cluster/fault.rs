@@ -18,7 +18,9 @@ pub enum RedisFault {
     Auth,
     /// No cluster connection yet (start-up before the cluster was reachable).
     NotConnected,
-    /// A reply that seathold did not expect (a bug, or a key of a foreign type).
+    /// A reply that seathold did not expect, or an error that retrying
+    /// cannot mend: a key of a foreign type (`WRONGTYPE`), a script error.
+    /// Answered 500, never "try again".
     Protocol,
     /// Any other error reply.
     Other,
@@ -91,6 +93,11 @@ pub fn classify(err: &redis::RedisError) -> (RedisFault, Retry) {
         K::Io | K::ClusterConnectionNotFound => (RedisFault::Io, Retry::Reconnect),
         K::AuthenticationFailed | K::Server(S::NoPerm) => (RedisFault::Auth, Retry::No),
         K::Parse | K::UnexpectedReturnType => (RedisFault::Protocol, Retry::No),
+        _ if err.code() == Some("WRONGTYPE")
+            || (err.kind() == K::Server(S::ResponseError) && text.contains("script")) =>
+        {
+            (RedisFault::Protocol, Retry::No)
+        }
         K::Server(S::ReadOnly) => (RedisFault::ReadOnly, Retry::Elsewhere),
         K::Server(S::Moved | S::Ask) => (RedisFault::Cluster, Retry::Elsewhere),
         K::Server(S::ClusterDown | S::MasterDown | S::TryAgain | S::BusyLoading) => {

@@ -129,7 +129,9 @@ impl Cluster {
         let mut builder = ClusterClientBuilder::new(infos)
             .connection_timeout(opts.timeout)
             .response_timeout(opts.timeout)
-            .retries(2)
+            // TRYAGAIN and CLUSTERDOWN while slots move are retried with
+            // backoff; the request's deadline bounds the retries overall.
+            .retries(8)
             .min_retry_wait(10)
             .max_retry_wait(200);
         if let Some(user) = &opts.username {
@@ -229,7 +231,13 @@ impl Cluster {
         deadline
             .run(script.name(), async {
                 if let Some((addr, mut conn)) = keys.first().and_then(|k| self.direct_for(k)) {
-                    match script.run(&mut conn, keys, &args).await {
+                    // Armed while the script is in flight: should the
+                    // deadline cancel it, that connection may be black-holed,
+                    // so it is dropped and the slot map refreshed.
+                    let mut in_flight = direct::InFlight::new(self, &addr);
+                    let result = script.run(&mut conn, keys, &args).await;
+                    in_flight.disarm();
+                    match result {
                         Ok(value) => return Ok(value),
                         Err(err) if classify(&err).1 == Retry::No => return Err(err.into()),
                         Err(err) => {
@@ -317,20 +325,9 @@ impl Cluster {
     /// a fresh slot map (installed, with scripts loaded on new masters) that
     /// covers every slot, and a node that reports `cluster_state:ok`.
     async fn probe(&self) -> Result<(), String> {
-        let mut conn = self.conn().map_err(|e| e.to_string())?;
-        let work = async {
-            let slots: Value = redis::cmd("CLUSTER")
-                .arg("SLOTS")
-                .query_async(&mut conn)
-                .await?;
-            let info: String = redis::cmd("CLUSTER")
-                .arg("INFO")
-                .query_async(&mut conn)
-                .await?;
-            Ok((slots, info))
-        };
-        let (slots, info) = match Deadline::after(self.timeout).within(work).await {
-            Ok(v) => v,
+        let conn = self.conn().map_err(|e| e.to_string())?;
+        let (addr, slots, info) = match self.ask_a_node(conn).await {
+            Ok(answer) => answer,
             Err(err) => {
                 if let Error::RedisUnavailable(fault, _) = &err {
                     metrics::counter!(m::REDIS_ERRORS, "kind" => fault.label()).increment(1);
@@ -338,17 +335,62 @@ impl Cluster {
                 return Err(format!("Redis probe failed: {err}"));
             }
         };
-        let topo = Topology::from_cluster_slots(&slots, &self.seed_addr)
-            .ok_or("unexpected CLUSTER SLOTS reply")?;
+        let topo =
+            Topology::from_cluster_slots(&slots, &addr).ok_or("unexpected CLUSTER SLOTS reply")?;
         self.install_topology(topo).await;
         if !info.lines().any(|l| l.trim() == "cluster_state:ok") {
-            return Err("Redis reports cluster_state other than ok".into());
+            return Err(format!(
+                "Redis reports cluster_state other than ok ({addr})"
+            ));
         }
         let covered = self.topology().covered_slots();
         if covered != u32::from(SLOTS) {
             return Err(format!("only {covered} of 16384 slots are served"));
         }
         Ok(())
+    }
+
+    /// `CLUSTER SLOTS` and `CLUSTER INFO` of one node, named so that a slot
+    /// map's unnamed endpoints (`""`, `?`, NULL) can be read as that node:
+    /// the current masters in turn, then the first seed, until one answers
+    /// within the probe's time.
+    async fn ask_a_node(
+        &self,
+        mut conn: ClusterConnection,
+    ) -> Result<(String, Value, String), Error> {
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        let mut candidates = self.topology().masters.clone();
+        candidates.push(self.seed_addr.clone());
+        let deadline = Deadline::after(self.timeout);
+        let mut failure =
+            Error::RedisUnavailable(RedisFault::NotConnected, "no node to ask".into());
+        for addr in candidates {
+            let Some((host, port)) = addr
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
+            else {
+                continue;
+            };
+            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+            let ask = async {
+                let slots = conn
+                    .route_command(cluster_cmd("SLOTS"), route.clone())
+                    .await?;
+                let info = conn.route_command(cluster_cmd("INFO"), route).await?;
+                Ok((
+                    slots,
+                    String::from_redis_value(info).map_err(redis::RedisError::from)?,
+                ))
+            };
+            // Half of what is left for each node: a black-holed master
+            // leaves time to ask another.
+            let budget = Deadline::after(deadline.remaining() / 2);
+            match budget.within(ask).await {
+                Ok((slots, info)) => return Ok((addr, slots, info)),
+                Err(err) => failure = err,
+            }
+        }
+        Err(failure)
     }
 
     async fn install_topology(&self, topo: Topology) {
@@ -426,6 +468,12 @@ impl Cluster {
             tracing::warn!(reason = %why, "topology refresh failed");
         }
     }
+}
+
+fn cluster_cmd(sub: &str) -> Cmd {
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg(sub);
+    cmd
 }
 
 /// The connection info of one seed URL, with the configured credentials.

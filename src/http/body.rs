@@ -52,7 +52,13 @@ pub struct MultiHoldBody {
     pub ttl_ms: Option<serde_json::Value>,
 }
 
-/// The optional body of single-seat holds, extend and confirm.
+/// Confirm's optional body: an empty object, nothing else (a `ttlMs` there
+/// would be ignored, so it is refused).
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct EmptyBody {}
+
+/// The optional body of single-seat holds and extend.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct TtlBody {
@@ -78,13 +84,27 @@ pub fn ttl(value: Option<serde_json::Value>) -> Result<Option<u64>, Error> {
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub max_bytes: usize,
-    /// How long a client may take to send a body.
+    /// How long a client may take to send a body (--body-read-timeout-ms).
     pub timeout: Duration,
 }
 
-/// Collects a body of at most `max` bytes within the body timeout.
-async fn read(limits: Limits, body: impl ReqBody) -> Result<Bytes, Error> {
+/// Reads the whole body: at most `max_bytes` (413 past it, at once when
+/// `Content-Length` says so), within the body timeout (then 408).
+pub async fn read(limits: Limits, head: &Parts, body: impl ReqBody) -> Result<Bytes, Error> {
     let max = limits.max_bytes;
+    let declared = head
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(Error::PayloadTooLarge(max));
+    }
+    // A body that is already known to be empty (no Content-Length, or 0)
+    // needs no timer: most single-seat holds have none.
+    if body.is_end_stream() {
+        return Ok(Bytes::new());
+    }
     let collect = tokio::time::timeout(limits.timeout, Limited::new(body, max).collect());
     match collect.await {
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
@@ -98,23 +118,13 @@ async fn read(limits: Limits, body: impl ReqBody) -> Result<Bytes, Error> {
     }
 }
 
-/// Reads and decodes a JSON body. With `required`, an empty body is an
-/// error; otherwise it decodes as `{}`. A non-empty body must say it is JSON.
-pub async fn json<T: serde::de::DeserializeOwned>(
-    limits: Limits,
+/// Decodes a JSON body. With `required`, an empty body is an error;
+/// otherwise it decodes as `{}`. A non-empty body must say it is JSON.
+pub fn json<T: serde::de::DeserializeOwned>(
     head: &Parts,
-    body: impl ReqBody,
+    bytes: &[u8],
     required: bool,
 ) -> Result<T, Error> {
-    let max = limits.max_bytes;
-    let declared = head
-        .headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max as u64) {
-        return Err(Error::PayloadTooLarge(max));
-    }
     let is_json = head
         .headers
         .get(CONTENT_TYPE)
@@ -126,14 +136,6 @@ pub async fn json<T: serde::de::DeserializeOwned>(
                 .trim()
                 .eq_ignore_ascii_case("application/json")
         });
-    // A body that trickles in would hold an in-flight slot forever. A body
-    // that is already known to be empty (no Content-Length, or 0) needs no
-    // timer: most single-seat holds have none.
-    let bytes = if body.is_end_stream() {
-        Bytes::new()
-    } else {
-        read(limits, body).await?
-    };
     if bytes.is_empty() {
         if required {
             return Err(if is_json == Some(true) {
@@ -147,6 +149,6 @@ pub async fn json<T: serde::de::DeserializeOwned>(
     if is_json != Some(true) {
         return Err(Error::UnsupportedMediaType);
     }
-    serde_json::from_slice(&bytes)
+    serde_json::from_slice(bytes)
         .map_err(|e| Error::InvalidRequest(format!("invalid JSON body: {e}")))
 }

@@ -1,42 +1,95 @@
 //! One handler per API route: parse the ids of the path and body once,
 //! call the hold service, shape the answer. The request's Redis deadline is
-//! made here, once, when its body has arrived.
+//! made here, once, after its body has arrived.
 
+use hyper::header::HeaderValue;
 use hyper::http::request::Parts;
 use hyper::{Method, StatusCode};
 
-use super::body::{self, MultiHoldBody, ReqBody, ShowHoldBody, TtlBody};
+use super::body::{self, EmptyBody, MultiHoldBody, ShowHoldBody, TtlBody};
 use super::route::Route;
 use super::{empty, json, App, Resp};
 use crate::error::Error;
+use crate::hold::Answer;
+use crate::idempotency::{Idem, IdemKey};
 use crate::ids::{HoldToken, SeatId, ShowId};
 use crate::model::{SeatRef, SeatState, SeatStates, Seats};
 
-/// Serves an admitted API request.
+/// The request header that names an idempotency key.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// The response header of an answer replayed from an idempotency record.
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
+/// Serves an admitted API request whose body has been read.
 pub(super) async fn serve(
     app: &App,
     route: Route<'_>,
     head: &Parts,
-    body: impl ReqBody,
+    body: &[u8],
 ) -> Result<Resp, Error> {
+    let req = Req { app, head, body };
     match route {
-        Route::MultiHold => multi_hold(app, head, body).await,
-        Route::ShowHolds { show } => show_hold(app, ShowId::parse(show)?, head, body).await,
-        Route::SeatHold { show, seat } => {
-            seat_hold(app, ShowId::parse(show)?, seat, head, body).await
-        }
+        Route::MultiHold => multi_hold(&req).await,
+        Route::ShowHolds { show } => show_hold(&req, ShowId::parse(show)?).await,
+        Route::SeatHold { show, seat } => seat_hold(&req, ShowId::parse(show)?, seat).await,
         Route::Hold { show, token } if head.method == Method::GET => {
-            get_hold(app, ShowId::parse(show)?, token).await
+            get_hold(&req, ShowId::parse(show)?, token).await
         }
-        Route::Hold { show, token } => release(app, ShowId::parse(show)?, token).await,
-        Route::Extend { show, token } => extend(app, ShowId::parse(show)?, token, head, body).await,
-        Route::Confirm { show, token } => {
-            confirm(app, ShowId::parse(show)?, token, head, body).await
-        }
-        Route::Seat { show, seat } => seat_state(app, ShowId::parse(show)?, seat).await,
-        Route::Seats { show } => seat_states(app, ShowId::parse(show)?, head).await,
+        Route::Hold { show, token } => release(&req, ShowId::parse(show)?, token).await,
+        Route::Extend { show, token } => extend(&req, ShowId::parse(show)?, token).await,
+        Route::Confirm { show, token } => confirm(&req, ShowId::parse(show)?, token).await,
+        Route::Seat { show, seat } => seat_state(&req, ShowId::parse(show)?, seat).await,
+        Route::Seats { show } => seat_states(&req, ShowId::parse(show)?).await,
         Route::Healthz | Route::Readyz | Route::Metrics | Route::Unknown => Err(Error::NotFound),
     }
+}
+
+/// One request, as the handlers see it.
+struct Req<'a> {
+    app: &'a App,
+    head: &'a Parts,
+    body: &'a [u8],
+}
+
+impl Req<'_> {
+    fn json<T: serde::de::DeserializeOwned>(&self, required: bool) -> Result<T, Error> {
+        body::json(self.head, self.body, required)
+    }
+
+    /// The request's `Idempotency-Key` with its fingerprint, if it has one.
+    fn idem(&self) -> Result<Option<Idem>, Error> {
+        let Some(raw) = self.head.headers.get(IDEMPOTENCY_KEY) else {
+            return Ok(None);
+        };
+        let key = IdemKey::parse(raw.as_bytes())?;
+        Ok(Some(Idem::new(
+            key,
+            self.head.method.as_str(),
+            self.head.uri.path(),
+            self.body,
+        )))
+    }
+
+    fn service(&self) -> &crate::hold::Service {
+        &self.app.service
+    }
+
+    fn deadline(&self) -> crate::cluster::Deadline {
+        self.app.service.cluster().deadline()
+    }
+}
+
+/// `answer` as JSON with `status`, marked when replayed.
+fn answer<T: serde::Serialize>(status: StatusCode, answer: &Answer<T>) -> Resp {
+    mark(json(status, &answer.value), answer.replayed)
+}
+
+fn mark(mut resp: Resp, replayed: bool) -> Resp {
+    if replayed {
+        resp.headers_mut()
+            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    }
+    resp
 }
 
 /// Parses seat ids, refusing an empty list first.
@@ -50,8 +103,8 @@ fn seat_ids(raw: &[String]) -> Result<Vec<SeatId>, Error> {
 }
 
 /// `POST /v1/holds`: the home show is the first seat's.
-async fn multi_hold(app: &App, head: &Parts, body: impl ReqBody) -> Result<Resp, Error> {
-    let body: MultiHoldBody = body::json(app.body, head, body, true).await?;
+async fn multi_hold(req: &Req<'_>) -> Result<Resp, Error> {
+    let body: MultiHoldBody = req.json(true)?;
     let Some(first) = body.seats.first() else {
         return Err(Error::InvalidRequest(
             "seats must name at least one seat".into(),
@@ -69,94 +122,82 @@ async fn multi_hold(app: &App, head: &Parts, body: impl ReqBody) -> Result<Resp,
             })
         })
         .collect::<Result<Vec<_>, Error>>()?;
-    hold(app, &home, Seats::Multi(seats), ttl).await
+    hold(req, &home, Seats::Multi(seats), ttl).await
 }
 
 /// `POST /v1/shows/{show}/holds`.
-async fn show_hold(
-    app: &App,
-    show: ShowId,
-    head: &Parts,
-    body: impl ReqBody,
-) -> Result<Resp, Error> {
-    let body: ShowHoldBody = body::json(app.body, head, body, true).await?;
+async fn show_hold(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
+    let body: ShowHoldBody = req.json(true)?;
     let ttl = body::ttl(body.ttl_ms)?;
-    hold(app, &show, Seats::Show(seat_ids(&body.seats)?), ttl).await
+    hold(req, &show, Seats::Show(seat_ids(&body.seats)?), ttl).await
 }
 
 /// `POST /v1/shows/{show}/seats/{seat}/hold`.
-async fn seat_hold(
-    app: &App,
-    show: ShowId,
-    seat: &str,
-    head: &Parts,
-    body: impl ReqBody,
-) -> Result<Resp, Error> {
-    let body: TtlBody = body::json(app.body, head, body, false).await?;
+async fn seat_hold(req: &Req<'_>, show: ShowId, seat: &str) -> Result<Resp, Error> {
+    let body: TtlBody = req.json(false)?;
     let ttl = body::ttl(body.ttl_ms)?;
-    hold(app, &show, Seats::Show(vec![SeatId::parse(seat)?]), ttl).await
+    hold(req, &show, Seats::Show(vec![SeatId::parse(seat)?]), ttl).await
 }
 
-async fn hold(app: &App, home: &ShowId, seats: Seats, ttl: Option<u64>) -> Result<Resp, Error> {
-    let deadline = app.service.cluster().deadline();
-    let hold = app.service.hold(&deadline, home, seats, ttl).await?;
-    Ok(json(StatusCode::CREATED, &hold))
+async fn hold(req: &Req<'_>, home: &ShowId, seats: Seats, ttl: Option<u64>) -> Result<Resp, Error> {
+    let idem = req.idem()?;
+    let deadline = req.deadline();
+    let hold = req
+        .service()
+        .hold(&deadline, home, seats, ttl, idem.as_ref())
+        .await?;
+    Ok(answer(StatusCode::CREATED, &hold))
 }
 
 /// `GET /v1/shows/{show}/holds/{token}`.
-async fn get_hold(app: &App, show: ShowId, token: &str) -> Result<Resp, Error> {
+async fn get_hold(req: &Req<'_>, show: ShowId, token: &str) -> Result<Resp, Error> {
     let token = HoldToken::parse(token)?;
-    let deadline = app.service.cluster().deadline();
-    let hold = app.service.get(&deadline, &show, token).await?;
+    let hold = req.service().get(&req.deadline(), &show, token).await?;
     Ok(json(StatusCode::OK, &hold))
 }
 
 /// `DELETE /v1/shows/{show}/holds/{token}`.
-async fn release(app: &App, show: ShowId, token: &str) -> Result<Resp, Error> {
+async fn release(req: &Req<'_>, show: ShowId, token: &str) -> Result<Resp, Error> {
+    let idem = req.idem()?;
     let token = HoldToken::parse(token)?;
-    let deadline = app.service.cluster().deadline();
-    app.service.release(&deadline, &show, token).await?;
-    Ok(empty(StatusCode::NO_CONTENT))
+    let released = req
+        .service()
+        .release(&req.deadline(), &show, token, idem.as_ref())
+        .await?;
+    Ok(mark(empty(StatusCode::NO_CONTENT), released.replayed))
 }
 
 /// `POST /v1/shows/{show}/holds/{token}/extend`.
-async fn extend(
-    app: &App,
-    show: ShowId,
-    token: &str,
-    head: &Parts,
-    body: impl ReqBody,
-) -> Result<Resp, Error> {
-    let body: TtlBody = body::json(app.body, head, body, false).await?;
+async fn extend(req: &Req<'_>, show: ShowId, token: &str) -> Result<Resp, Error> {
+    let body: TtlBody = req.json(false)?;
     let ttl = body::ttl(body.ttl_ms)?;
+    let idem = req.idem()?;
     let token = HoldToken::parse(token)?;
-    let deadline = app.service.cluster().deadline();
-    let hold = app.service.extend(&deadline, &show, token, ttl).await?;
-    Ok(json(StatusCode::OK, &hold))
+    let hold = req
+        .service()
+        .extend(&req.deadline(), &show, token, ttl, idem.as_ref())
+        .await?;
+    Ok(answer(StatusCode::OK, &hold))
 }
 
 /// `POST /v1/shows/{show}/holds/{token}/confirm`.
-async fn confirm(
-    app: &App,
-    show: ShowId,
-    token: &str,
-    head: &Parts,
-    body: impl ReqBody,
-) -> Result<Resp, Error> {
-    let _: TtlBody = body::json(app.body, head, body, false).await?;
+async fn confirm(req: &Req<'_>, show: ShowId, token: &str) -> Result<Resp, Error> {
+    let _: EmptyBody = req.json(false)?;
+    let idem = req.idem()?;
     let token = HoldToken::parse(token)?;
-    let deadline = app.service.cluster().deadline();
-    let confirmation = app.service.confirm(&deadline, &show, token).await?;
-    Ok(json(StatusCode::OK, &confirmation))
+    let confirmation = req
+        .service()
+        .confirm(&req.deadline(), &show, token, idem.as_ref())
+        .await?;
+    Ok(answer(StatusCode::OK, &confirmation))
 }
 
 /// `GET /v1/shows/{show}/seats/{seat}`.
-async fn seat_state(app: &App, show: ShowId, seat: &str) -> Result<Resp, Error> {
+async fn seat_state(req: &Req<'_>, show: ShowId, seat: &str) -> Result<Resp, Error> {
     let seat = SeatId::parse(seat)?;
-    let deadline = app.service.cluster().deadline();
-    let states = app
-        .service
-        .seat_states(&deadline, &show, std::slice::from_ref(&seat))
+    let states = req
+        .service()
+        .seat_states(&req.deadline(), &show, std::slice::from_ref(&seat))
         .await?;
     let state = states
         .first()
@@ -169,8 +210,8 @@ async fn seat_state(app: &App, show: ShowId, seat: &str) -> Result<Resp, Error> 
 }
 
 /// `GET /v1/shows/{show}/seats?ids=E7,E8`.
-async fn seat_states(app: &App, show: ShowId, head: &Parts) -> Result<Resp, Error> {
-    let query = head.uri.query().unwrap_or_default();
+async fn seat_states(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
+    let query = req.head.uri.query().unwrap_or_default();
     let ids = form_urlencoded::parse(query.as_bytes())
         .find(|(k, _)| k == "ids")
         .map(|(_, v)| v.into_owned())
@@ -188,8 +229,10 @@ async fn seat_states(app: &App, show: ShowId, head: &Parts) -> Result<Resp, Erro
         .iter()
         .map(|s| SeatId::parse(s))
         .collect::<Result<Vec<_>, _>>()?;
-    let deadline = app.service.cluster().deadline();
-    let states = app.service.seat_states(&deadline, &show, &seats).await?;
+    let states = req
+        .service()
+        .seat_states(&req.deadline(), &show, &seats)
+        .await?;
     let states = seats
         .into_iter()
         .zip(states)

@@ -29,7 +29,7 @@ pub mod body;
 mod handlers;
 pub mod route;
 
-pub use route::Route;
+pub use route::{Route, Segments};
 
 /// Everything a request handler needs.
 pub struct App {
@@ -57,7 +57,7 @@ impl App {
             readiness,
             body: body::Limits {
                 max_bytes: opts.max_body_bytes,
-                timeout: Duration::from_millis(opts.header_read_timeout_ms),
+                timeout: Duration::from_millis(opts.body_read_timeout_ms),
             },
             max_in_flight: opts.max_in_flight,
             api_token: opts.api_token.clone(),
@@ -119,7 +119,8 @@ pub type Resp = Response<Full<Bytes>>;
 pub async fn handle(app: Arc<App>, req: Request<impl ReqBody>) -> Resp {
     let start = Instant::now();
     let (head, body) = req.into_parts();
-    let route = Route::parse(head.uri.path());
+    let segments = Segments::of(head.uri.path());
+    let route = Route::parse(segments.as_ref());
     let response = dispatch(&app, route, &head, body)
         .await
         .unwrap_or_else(error_response);
@@ -137,7 +138,9 @@ pub async fn handle(app: Arc<App>, req: Request<impl ReqBody>) -> Resp {
 
 /// Probes and metrics are answered at once and never refused: a load
 /// balancer must see an overloaded instance as alive. API routes are
-/// authorized and admitted, then go to their handler.
+/// authorized, their body is read (with its own time bound, before the
+/// request takes an in-flight slot, so slow senders cannot hold slots), and
+/// they are admitted and go to their handler.
 async fn dispatch(
     app: &App,
     route: Route<'_>,
@@ -157,8 +160,9 @@ async fn dispatch(
         _ => {}
     }
     app.authorize(&head.method, &head.headers)?;
+    let body = body::read(app.body, head, body).await?;
     let _in_flight = app.admit()?;
-    handlers::serve(app, route, head, body).await
+    handlers::serve(app, route, head, &body).await
 }
 
 fn readyz(app: &App) -> Resp {

@@ -4,9 +4,39 @@
 //!
 //! A match over path segments: a dozen fixed routes do not need a routing
 //! crate, and the match gives each route its template without building
-//! strings per request.
+//! strings per request. Segments are percent-decoded first (`/v1/shows/4%32`
+//! is show `42`), like the query's `ids`; an empty segment (`//`, a trailing
+//! slash) matches no route.
+
+use std::borrow::Cow;
 
 use hyper::Method;
+
+/// Most segments of any route's path.
+const MAX_SEGMENTS: usize = 7;
+
+/// A path's segments, percent-decoded (borrowed when nothing was encoded).
+#[derive(Debug)]
+pub struct Segments<'p>(Vec<Cow<'p, str>>);
+
+impl<'p> Segments<'p> {
+    /// Splits and decodes `path`; `None` when it cannot be a route's (too
+    /// many segments). A segment that does not decode to UTF-8 is kept as
+    /// sent and refused later as an invalid id.
+    pub fn of(path: &'p str) -> Option<Self> {
+        let mut segments = Vec::with_capacity(MAX_SEGMENTS);
+        for seg in path.strip_prefix('/').unwrap_or(path).split('/') {
+            if segments.len() == MAX_SEGMENTS {
+                return None;
+            }
+            let decoded = percent_encoding::percent_decode_str(seg)
+                .decode_utf8()
+                .unwrap_or(Cow::Borrowed(seg));
+            segments.push(decoded);
+        }
+        Some(Self(segments))
+    }
+}
 
 /// A route, borrowing its ids (unparsed) from the path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,18 +56,19 @@ pub enum Route<'p> {
 }
 
 impl<'p> Route<'p> {
-    /// Matches a path (without query) to a route.
-    pub fn parse(path: &'p str) -> Self {
-        let mut segs = [""; 7];
-        let mut n = 0;
-        for seg in path.strip_prefix('/').unwrap_or(path).split('/') {
-            if n == segs.len() {
+    /// Matches decoded path segments to a route.
+    pub fn parse(segments: Option<&'p Segments<'_>>) -> Self {
+        let Some(segments) = segments else {
+            return Self::Unknown;
+        };
+        let mut segs = [""; MAX_SEGMENTS];
+        for (slot, seg) in segs.iter_mut().zip(&segments.0) {
+            if seg.is_empty() {
                 return Self::Unknown;
             }
-            segs[n] = seg;
-            n += 1;
+            *slot = seg;
         }
-        match &segs[..n] {
+        match &segs[..segments.0.len()] {
             ["healthz"] => Self::Healthz,
             ["readyz"] => Self::Readyz,
             ["metrics"] => Self::Metrics,
@@ -114,18 +145,51 @@ impl<'p> Route<'p> {
 mod tests {
     use super::*;
 
+    fn route(path: &str, check: impl FnOnce(Route<'_>)) {
+        let segments = Segments::of(path);
+        check(Route::parse(segments.as_ref()));
+    }
+
     #[test]
     fn parses_every_route_and_its_methods() {
-        assert_eq!(
-            Route::parse("/v1/shows/42/holds/t/extend"),
-            Route::Extend {
-                show: "42",
-                token: "t"
-            }
-        );
-        assert_eq!(Route::parse("/v1/shows/42/seats/E7/hold/x"), Route::Unknown);
-        assert_eq!(Route::parse("/a/b/c/d/e/f/g/h"), Route::Unknown);
-        let hold = Route::parse("/v1/shows/42/holds/t");
+        route("/v1/shows/42/holds/t/extend", |r| {
+            assert_eq!(
+                r,
+                Route::Extend {
+                    show: "42",
+                    token: "t"
+                }
+            )
+        });
+        route("/v1/shows/4%32/seats/E%37", |r| {
+            assert_eq!(
+                r,
+                Route::Seat {
+                    show: "42",
+                    seat: "E7"
+                }
+            )
+        });
+        route("/v1/shows/42/seats/%FF", |r| {
+            assert_eq!(
+                r,
+                Route::Seat {
+                    show: "42",
+                    seat: "%FF"
+                }
+            )
+        });
+        for unknown in [
+            "/v1/shows/42/seats/E7/hold/x",
+            "/a/b/c/d/e/f/g/h",
+            "/v1/shows/42/holds/",
+            "/v1/shows//holds",
+            "/healthz/",
+        ] {
+            route(unknown, |r| assert_eq!(r, Route::Unknown, "{unknown}"));
+        }
+        let segments = Segments::of("/v1/shows/42/holds/t");
+        let hold = Route::parse(segments.as_ref());
         assert!(hold.allows(&Method::DELETE) && !hold.allows(&Method::POST));
         assert_eq!(hold.allow_header(), "GET, DELETE");
         assert!(Route::Healthz.allows(&Method::HEAD));
