@@ -27,6 +27,7 @@
 //! - [`metrics`]: metric names, the Prometheus recorder and its upkeep.
 //! - [`dev`]: a local Redis Cluster from `redis-server`, for `seathold dev`
 //!   and the tests.
+//! - [`logging`]: log lines on stderr, text or JSON.
 
 pub mod cluster;
 pub mod config;
@@ -37,21 +38,9 @@ pub mod hold;
 pub mod http;
 pub mod ids;
 pub mod keys;
+pub mod logging;
 pub mod metrics;
 pub mod model;
 pub mod scripts;
 pub mod server;
 pub mod tasks;
-
-/// Sets up logging to stderr in the chosen format.
-pub fn init_tracing(format: config::LogFormat, filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        config::LogFormat::Text => builder.try_init(),
-        config::LogFormat::Json => builder.json().try_init(),
-    };
-}
