@@ -27,11 +27,13 @@
 //! - [`metrics`]: metric names, the Prometheus recorder and its upkeep.
 //! - [`dev`]: a local Redis Cluster from `redis-server`, for `seathold dev`
 //!   and the tests.
+//! - [`doctor`]: `seathold doctor`, the pre-on-sale checks of a cluster.
 //! - [`logging`]: log lines on stderr, text or JSON.
 
 pub mod cluster;
 pub mod config;
 pub mod dev;
+pub mod doctor;
 pub mod error;
 pub mod expiry;
 pub mod hold;

@@ -16,6 +16,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Dev(dev)) => dev_command(dev).await,
+        Some(Command::Doctor(doctor)) => return doctor_command(doctor.options).await,
         Some(Command::Serve(opts)) => serve(opts).await,
         None => serve(cli.serve).await,
     };
@@ -41,4 +42,22 @@ async fn serve(opts: Options) -> Result<(), StartError> {
 async fn dev_command(dev: seathold::config::DevOptions) -> Result<(), StartError> {
     seathold::logging::init(dev.options.log_format, &dev.options.log)?;
     server::dev(dev, server::shutdown_signal()).await
+}
+
+/// Prints the report on stdout; 1 when a check failed.
+async fn doctor_command(opts: Options) -> ExitCode {
+    if let Err(err) = seathold::logging::init(opts.log_format, &opts.log) {
+        return config_error(err.into());
+    }
+    match seathold::doctor::run(&opts).await {
+        Ok(report) => {
+            print!("{report}");
+            if report.failed() {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(err) => config_error(err),
+    }
 }
