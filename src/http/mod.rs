@@ -179,7 +179,7 @@ fn readyz(app: &App) -> Resp {
 }
 
 fn metrics_text(app: &App) -> Resp {
-    let mut resp = Response::new(Full::new(Bytes::from(app.metrics.render())));
+    let mut resp = Response::new(Full::new(Bytes::from(m::render(&app.metrics))));
     resp.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
