@@ -23,10 +23,15 @@ fn doctor(args: &[&str]) -> (Option<i32>, String) {
     (out.status.code(), format!("{stdout}{stderr}"))
 }
 
-fn start(opts: ClusterOptions) -> LocalCluster {
+/// Starts a cluster with `opts` and runs the doctor against it as the
+/// default user; answers the cluster, its seeds, the exit code and report.
+fn start_and_check(opts: ClusterOptions) -> (LocalCluster, String, Option<i32>, String) {
     // The message says how to install redis-server when it is missing.
-    LocalCluster::start_blocking(opts)
-        .unwrap_or_else(|e| panic!("cannot start a test Redis Cluster: {e}"))
+    let cluster = LocalCluster::start_blocking(opts)
+        .unwrap_or_else(|e| panic!("cannot start a test Redis Cluster: {e}"));
+    let seeds = cluster.seed_urls().join(",");
+    let (code, report) = doctor(&["--redis-nodes", &seeds]);
+    (cluster, seeds, code, report)
 }
 
 fn config(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -70,7 +75,7 @@ fn keys(cluster: &LocalCluster) -> u64 {
 
 #[test]
 fn a_well_set_cluster_passes_every_check() {
-    let cluster = start(ClusterOptions {
+    let (cluster, _, code, report) = start_and_check(ClusterOptions {
         node_timeout_ms: 5000,
         extra_config: config(&[
             ("appendonly", "yes"),
@@ -79,8 +84,6 @@ fn a_well_set_cluster_passes_every_check() {
         ]),
         ..Default::default()
     });
-    let seeds = cluster.seed_urls().join(",");
-    let (code, report) = doctor(&["--redis-nodes", &seeds]);
     assert_eq!(code, Some(0), "{report}");
     for l in report.lines() {
         assert!(l.starts_with("PASS  "), "every check passes:\n{report}");
@@ -103,7 +106,7 @@ fn a_well_set_cluster_passes_every_check() {
 
 #[test]
 fn a_badly_set_cluster_gets_a_line_for_each_problem_and_exit_1() {
-    let cluster = start(ClusterOptions {
+    let (cluster, seeds, code, report) = start_and_check(ClusterOptions {
         replicas_per_master: 0,
         node_timeout_ms: 20_000,
         extra_config: config(&[
@@ -113,8 +116,6 @@ fn a_badly_set_cluster_gets_a_line_for_each_problem_and_exit_1() {
         ]),
         ..Default::default()
     });
-    let seeds = cluster.seed_urls().join(",");
-    let (code, report) = doctor(&["--redis-nodes", &seeds]);
     assert_eq!(code, Some(1), "{report}");
     for (name, status, found, fix) in [
         (

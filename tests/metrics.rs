@@ -240,12 +240,15 @@ async fn a_fresh_daemon_shows_every_metric_and_its_process() {
     })
     .await;
     let url = format!("http://127.0.0.1:{port}/metrics");
-    let first = reqwest::get(&url)
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("text");
+    let scrape_text = || async {
+        reqwest::get(&url)
+            .await
+            .expect("scrape")
+            .text()
+            .await
+            .expect("text")
+    };
+    let first = scrape_text().await;
     let names = sample_names(&first);
     let has = |names: &std::collections::BTreeSet<String>, name: &str| {
         names.contains(name) || names.contains(&format!("{name}_bucket"))
@@ -272,12 +275,7 @@ async fn a_fresh_daemon_shows_every_metric_and_its_process() {
     );
     // Request latency is labelled by status, so it appears with the first
     // request: that scrape.
-    let second = reqwest::get(&url)
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("text");
+    let second = scrape_text().await;
     assert!(
         second.contains(
             "seathold_http_request_duration_seconds_count{route=\"/metrics\",status=\"200\"} 1"
