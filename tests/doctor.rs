@@ -87,7 +87,7 @@ fn a_well_set_cluster_passes_every_check() {
     assert_eq!(code, Some(0), "{report}");
     for l in report.lines() {
         assert!(l.starts_with("PASS  "), "every check passes:\n{report}");
-        assert!(!l.contains("; "), "a pass says what to change:\n{l}");
+        assert!(!l.contains("; "), "a pass gives no advice:\n{l}");
     }
     assert!(line(&report, "slot coverage").contains("all 16384 slots served by 3 masters"));
     assert!(line(&report, "replicas").contains("every master (3) has at least 1 replica"));
