@@ -28,6 +28,21 @@ pub enum Command {
     /// redis-server on PATH, in a temporary folder, and serve against it.
     /// Ctrl-C stops the daemon and every process it started.
     Dev(DevOptions),
+    /// Check a Redis Cluster before an on-sale: state and slot coverage,
+    /// replicas, the redis.conf settings seathold needs, the user's ACL
+    /// rights, the masters' clocks and script loading. Prints one line per
+    /// check (PASS, WARN or FAIL, what was found, what to change); exits 1
+    /// when a check fails. Takes serve's flags and uses the Redis ones,
+    /// --key-prefix, --redis-timeout-ms and --confirm-wait-replicas.
+    Doctor(DoctorOptions),
+}
+
+/// Options of `seathold doctor`: those of `serve`, so that the doctor checks
+/// exactly what the daemon will use.
+#[derive(Debug, Args)]
+pub struct DoctorOptions {
+    #[command(flatten)]
+    pub options: Options,
 }
 
 /// Options of `seathold dev`.

@@ -28,10 +28,13 @@
 //! - [`metrics`]: metric names, the Prometheus recorder and its upkeep.
 //! - [`dev`]: a local Redis Cluster from `redis-server`, for `seathold dev`
 //!   and the tests.
+//! - [`doctor`]: `seathold doctor`, the pre-on-sale checks of a cluster.
+//! - [`logging`]: log lines on stderr, text or JSON.
 
 pub mod cluster;
 pub mod config;
 pub mod dev;
+pub mod doctor;
 pub mod error;
 pub mod expiry;
 pub mod hold;
@@ -39,21 +42,9 @@ pub mod http;
 pub mod idempotency;
 pub mod ids;
 pub mod keys;
+pub mod logging;
 pub mod metrics;
 pub mod model;
 pub mod scripts;
 pub mod server;
 pub mod tasks;
-
-/// Sets up logging to stderr in the chosen format.
-pub fn init_tracing(format: config::LogFormat, filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        config::LogFormat::Text => builder.try_init(),
-        config::LogFormat::Json => builder.json().try_init(),
-    };
-}

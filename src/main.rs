@@ -3,8 +3,8 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use seathold::config::{Cli, Command};
-use seathold::server;
+use seathold::config::{Cli, Command, Options};
+use seathold::server::{self, StartError};
 
 /// Many small, short-lived allocations per request (bodies, keys, JSON):
 /// mimalloc serves them with less CPU than glibc's malloc.
@@ -15,25 +15,49 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Some(Command::Dev(dev)) => {
-            seathold::init_tracing(dev.options.log_format, &dev.options.log);
-            server::dev(dev, server::shutdown_signal()).await
-        }
+        Some(Command::Dev(dev)) => dev_command(dev).await,
+        Some(Command::Doctor(doctor)) => return doctor_command(doctor.options).await,
         Some(Command::Serve(opts)) => serve(opts).await,
         None => serve(cli.serve).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("seathold: {err}");
-            ExitCode::from(2)
-        }
+        Err(err) => config_error(err),
     }
 }
 
-async fn serve(opts: seathold::config::Options) -> Result<(), server::StartError> {
-    seathold::init_tracing(opts.log_format, &opts.log);
+/// Exit code 2 and one line: the configuration stopped start-up.
+fn config_error(err: StartError) -> ExitCode {
+    eprintln!("seathold: {err}");
+    ExitCode::from(2)
+}
+
+async fn serve(opts: Options) -> Result<(), StartError> {
+    seathold::logging::init(opts.log_format, &opts.log)?;
     opts.validate()?;
     let listener = server::bind(&opts).await?;
     server::run(opts, listener, server::shutdown_signal()).await
+}
+
+async fn dev_command(dev: seathold::config::DevOptions) -> Result<(), StartError> {
+    seathold::logging::init(dev.options.log_format, &dev.options.log)?;
+    server::dev(dev, server::shutdown_signal()).await
+}
+
+/// Prints the report on stdout; 1 when a check failed.
+async fn doctor_command(opts: Options) -> ExitCode {
+    if let Err(err) = seathold::logging::init(opts.log_format, &opts.log) {
+        return config_error(err.into());
+    }
+    match seathold::doctor::run(&opts).await {
+        Ok(report) => {
+            print!("{report}");
+            if report.failed() {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(err) => config_error(err),
+    }
 }

@@ -64,6 +64,23 @@ pub const EXPIRY_RESUBSCRIPTIONS: &str = "seathold_expiry_resubscriptions_total"
 /// needs; 0 when one does not and seathold could not turn them on.
 pub const KEYSPACE_EVENTS_ENABLED: &str = "seathold_keyspace_events_enabled";
 
+/// Always 1, labelled with the version of this binary.
+pub const BUILD_INFO: &str = "seathold_build_info";
+
+/// The process's own metrics (`process_resident_memory_bytes`,
+/// `process_cpu_seconds_total`, `process_open_fds`,
+/// `process_start_time_seconds`, ...), read from `/proc` at each scrape.
+fn process() -> &'static metrics_process::Collector {
+    static COLLECTOR: std::sync::OnceLock<metrics_process::Collector> = std::sync::OnceLock::new();
+    COLLECTOR.get_or_init(metrics_process::Collector::default)
+}
+
+/// The text of `/metrics`, with the process metrics read just before.
+pub fn render(handle: &PrometheusHandle) -> String {
+    process().collect();
+    handle.render()
+}
+
 /// Installs the global Prometheus recorder and returns the handle that
 /// renders `/metrics`. Safe to call more than once in one process (tests):
 /// later calls return a handle on the first recorder.
@@ -89,6 +106,7 @@ pub fn install() -> PrometheusHandle {
                 tracing::warn!("a metrics recorder was already installed; /metrics will be empty");
             }
             describe();
+            process().describe();
             handle
         })
         .clone()
@@ -162,14 +180,17 @@ fn describe() {
         EXPIRY_RESUBSCRIPTIONS,
         "Expiry subscriptions lost and made again."
     );
+    describe_gauge!(BUILD_INFO, "Always 1; the version label names the build.");
     describe_gauge!(
         KEYSPACE_EVENTS_ENABLED,
         "1 when every master emits expired-key events; 0 when expiries cannot be counted."
     );
 }
 
-/// Registers every contract counter at zero so that dashboards and alerts
-/// see the series before the first event.
+/// Registers every series whose labels are known in advance at zero, so
+/// that dashboards and alerts see them before the first event. The request
+/// latency histogram is labelled by status too, so its series appear with
+/// the first request (a load balancer's first probe).
 pub fn register_zeroes() {
     for name in [
         HOLDS,
@@ -193,10 +214,26 @@ pub fn register_zeroes() {
     for kind in crate::cluster::RedisFault::ALL {
         metrics::counter!(REDIS_ERRORS, "kind" => kind.label()).increment(0);
     }
-    metrics::gauge!(CLUSTER_READY).set(0.0);
-    metrics::gauge!(HTTP_IN_FLIGHT).set(0.0);
-    metrics::gauge!(HTTP_CONNECTIONS).set(0.0);
-    metrics::gauge!(DIRECT_CONNECTIONS).set(0.0);
+    for script in crate::scripts::Scripts::embedded().all() {
+        metrics::counter!(SCRIPT_RELOADS, "script" => script.name()).increment(0);
+        // Registered without a sample: the exporter renders zero counts.
+        let _ = metrics::histogram!(REDIS_DURATION, "op" => script.name());
+    }
+    for gauge in [
+        CLUSTER_READY,
+        HTTP_IN_FLIGHT,
+        HTTP_CONNECTIONS,
+        DIRECT_CONNECTIONS,
+        MASTERS,
+        EXPIRY_SUBSCRIPTIONS,
+    ] {
+        metrics::gauge!(gauge).set(0.0);
+    }
+    // 1 until a master is found without expired-key events (see expiry.rs);
+    // 0 would read as "off" and, held, fire the alert.
+    metrics::gauge!(KEYSPACE_EVENTS_ENABLED).set(1.0);
+    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    process().collect();
 }
 
 /// Drains the recorder's histogram buffers every 5 s until `stop` turns

@@ -154,7 +154,7 @@ impl Accept<'_> {
         loop {
             tokio::select! {
                 accepted = self.listener.accept() => match accepted {
-                    Ok((stream, _)) => self.serve(stream),
+                    Ok((stream, peer)) => self.serve(stream, peer),
                     Err(err) => {
                         // Out of file descriptors and the like: back off
                         // briefly instead of spinning.
@@ -167,7 +167,7 @@ impl Accept<'_> {
         }
     }
 
-    fn serve(&self, stream: tokio::net::TcpStream) {
+    fn serve(&self, stream: tokio::net::TcpStream, peer: SocketAddr) {
         let _ = stream.set_nodelay(true);
         let over = self.open.fetch_add(1, Ordering::Relaxed) >= self.max_connections;
         let open = Arc::clone(&self.open);
@@ -192,7 +192,7 @@ impl Accept<'_> {
         let app = Arc::clone(self.app);
         let service = service_fn(move |req| {
             let app = Arc::clone(&app);
-            async move { Ok::<_, Infallible>(http::handle(app, req).await) }
+            async move { Ok::<_, Infallible>(http::handle(app, req, peer).await) }
         });
         let conn = self
             .graceful

@@ -172,3 +172,28 @@ async fn a_wrong_password_keeps_it_not_ready_and_says_why() {
     let _ = stop.send(());
     task.await.expect("task").expect("run");
 }
+
+#[tokio::test]
+async fn the_doctor_passes_the_acl_rights_of_the_least_privileged_user() {
+    install_user().await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_seathold"))
+        .arg("doctor")
+        .args(["--redis-nodes", &cluster().seed_urls().join(",")])
+        .args(["--redis-username", "seathold"])
+        .env("SEATHOLD_REDIS_PASSWORD", PASSWORD)
+        .output()
+        .await
+        .expect("run seathold doctor");
+    let report = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<_> = report
+        .lines()
+        .filter(|l| l.contains("  acl ") || l.contains("  scripts:"))
+        .collect();
+    assert_eq!(lines.len(), 4, "three masters and the scripts:\n{report}");
+    for line in lines {
+        assert!(
+            line.starts_with("PASS"),
+            "cluster/acl.conf's user is enough:\n{report}"
+        );
+    }
+}

@@ -1,7 +1,18 @@
 //! The command line: bad configuration stops start-up with one clear message,
-//! every flag has an environment variable, and `--help` explains them.
+//! every flag has an environment variable, and `--help` explains them. And
+//! the logs: coloured only on a terminal and without `NO_COLOR`, JSON lists
+//! as JSON arrays, a debug line per request naming method, route, show,
+//! status, duration and peer.
 
-use std::process::Command;
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_seathold"));
@@ -85,6 +96,26 @@ fn bad_configuration_stops_start_up_with_a_clear_message() {
             "--max-seats-per-hold",
         ),
         (&["--default-ttl-ms", "soon"], &[], "invalid value"),
+        (
+            &[
+                "--redis-nodes",
+                "redis://127.0.0.1:1",
+                "--listen",
+                "127.0.0.1:0",
+                "--log",
+                "info,seathold=loud",
+            ],
+            &[],
+            "--log filter \"info,seathold=loud\"",
+        ),
+        (
+            &["--listen", "127.0.0.1:0"],
+            &[
+                ("SEATHOLD_REDIS_NODES", "redis://127.0.0.1:1"),
+                ("SEATHOLD_LOG", "=info"),
+            ],
+            "\"=info\"",
+        ),
     ];
     for (args, env, needle) in cases {
         let (code, text) = run(args, env);
@@ -136,4 +167,171 @@ fn help_names_every_flag_and_its_environment_variable() {
         help.contains("--masters") && help.contains("--listen"),
         "{help}"
     );
+}
+
+/// Runs the daemon (against nothing, for a second) the way a terminal
+/// would, through `script`'s pseudo-terminal; answers what it printed.
+fn on_a_terminal(no_color: Option<&str>) -> String {
+    let bin = env!("CARGO_BIN_EXE_seathold");
+    let mut cmd = Command::new("script");
+    cmd.args(["-qec"])
+        .arg(format!(
+            "timeout -s INT 1 {bin} --redis-nodes redis://127.0.0.1:1 --listen 127.0.0.1:0 --shutdown-drain-ms 0"
+        ))
+        .arg("/dev/null")
+        .env_remove("NO_COLOR");
+    if let Some(value) = no_color {
+        cmd.env("NO_COLOR", value);
+    }
+    let out = cmd.output().unwrap_or_else(|e| {
+        panic!("cannot run `script` (util-linux; apt-get install bsdutils): {e}")
+    });
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn logs_are_coloured_only_on_a_terminal_without_no_color() {
+    const ESC: &str = "\x1b[";
+    let tty = on_a_terminal(None);
+    assert!(tty.contains("serving HTTP"), "{tty}");
+    assert!(tty.contains(ESC), "a terminal gets colours:\n{tty}");
+    let plain = on_a_terminal(Some("1"));
+    assert!(plain.contains("serving HTTP"), "{plain}");
+    assert!(!plain.contains(ESC), "NO_COLOR=1 turns them off:\n{plain}");
+    // An empty NO_COLOR does not count (no-color.org).
+    assert!(on_a_terminal(Some("")).contains(ESC));
+
+    // Not a terminal: a pipe, as under systemd or a log collector.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_seathold"))
+        .args([
+            "--redis-nodes",
+            "redis://127.0.0.1:1",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .env_remove("NO_COLOR")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run seathold");
+    let lines = stderr_lines(&mut child);
+    let first = lines
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a log line");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(!first.contains(ESC), "a pipe gets no colours: {first:?}");
+}
+
+/// The child's stderr, line by line.
+fn stderr_lines(child: &mut std::process::Child) -> mpsc::Receiver<String> {
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// JSON log lines, kept as read so that a search may find an earlier one.
+struct JsonLog {
+    lines: mpsc::Receiver<String>,
+    seen: Vec<Value>,
+}
+
+impl JsonLog {
+    /// The first line for which `pick` is true, waiting up to 30 s for it.
+    fn find(&mut self, what: &str, pick: impl Fn(&Value) -> bool) -> Value {
+        if let Some(found) = self.seen.iter().find(|v| pick(v)) {
+            return found.clone();
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no log line {what} within 30 s"));
+            let value: Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+            self.seen.push(value.clone());
+            if pick(&value) {
+                return value;
+            }
+        }
+    }
+}
+
+/// A request over a fresh connection; answers its status and our address.
+fn get(addr: &str, path: &str) -> (u16, String) {
+    let mut conn = TcpStream::connect(addr).expect("connect");
+    let local = conn.local_addr().expect("local addr").to_string();
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut answer = String::new();
+    let _ = conn.read_to_string(&mut answer);
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, local)
+}
+
+#[test]
+fn json_logs_carry_lists_as_arrays_and_a_debug_line_per_request() {
+    let seeds = common::cluster().seed_urls().join(",");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_seathold"))
+        .args(["--redis-nodes", &seeds, "--listen", "127.0.0.1:0"])
+        .args(["--log-format", "json", "--log", "info,seathold=debug"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run seathold");
+    let mut log = JsonLog {
+        lines: stderr_lines(&mut child),
+        seen: Vec::new(),
+    };
+    let serving = log.find("serving HTTP", |v| v["fields"]["message"] == "serving HTTP");
+    let addr = serving["fields"]["addr"].as_str().expect("addr").to_owned();
+
+    let topology = log.find("about the topology", |v| {
+        v["fields"]["message"] == "Redis Cluster topology changed"
+    });
+    let masters = topology["fields"]["masters"]
+        .as_array()
+        .unwrap_or_else(|| panic!("masters is a JSON array: {topology}"));
+    assert_eq!(masters.len(), 3, "{topology}");
+    assert!(masters
+        .iter()
+        .all(|m| m.as_str().is_some_and(|m| m.starts_with("127.0.0.1:"))));
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(&addr, "/readyz").0 != 200 {
+        assert!(Instant::now() < deadline, "never ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let show = common::show("logs");
+    let (status, peer) = get(&addr, &format!("/v1/shows/{show}/seats/E7"));
+    assert_eq!(status, 200);
+    let line = log.find("for the request", |v| {
+        v["fields"]["message"] == "request" && v["fields"]["peer"] == peer.as_str()
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let f = &line["fields"];
+    assert_eq!(line["level"], "DEBUG", "{line}");
+    assert_eq!(f["method"], "GET", "{line}");
+    assert_eq!(f["route"], "/v1/shows/{show}/seats/{seat}", "{line}");
+    assert_eq!(f["show"], show.as_str(), "{line}");
+    assert_eq!(f["status"], 200, "{line}");
+    assert!(f["micros"].as_u64().is_some_and(|m| m > 0), "{line}");
+    // A route without a show has no show field.
+    let probe = log.find("for a probe", |v| v["fields"]["route"] == "/readyz");
+    assert!(probe["fields"].get("show").is_none(), "{probe}");
 }

@@ -142,7 +142,8 @@ proptest! {
         };
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let (status, bytes) = rt.block_on(async {
-            let resp = seathold::http::handle(app(), req).await;
+            let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 40000));
+            let resp = seathold::http::handle(app(), req, peer).await;
             let status = resp.status().as_u16();
             (status, resp.into_body().collect().await.expect("body").to_bytes())
         });

@@ -1,5 +1,7 @@
-//! Counters move by exactly what happened. One test in this binary, so no
-//! other test's requests share the process-wide recorder.
+//! Counters move by exactly what happened; a fresh daemon shows every metric
+//! from the start. One in-process server in this binary, so no other test's
+//! requests share the process-wide recorder; the fresh daemon is the real
+//! binary, in a process of its own.
 
 mod common;
 
@@ -191,4 +193,114 @@ async fn counters_follow_a_known_sequence() {
         "{text}"
     );
     assert!(text.contains("seathold_expiry_subscriptions 3"));
+}
+
+/// Every metric name that src/metrics.rs declares (`pub const X: &str =
+/// "seathold_…";`).
+fn declared_names() -> Vec<String> {
+    include_str!("../src/metrics.rs")
+        .lines()
+        .filter_map(|l| {
+            let rest = l.trim().strip_prefix("pub const ")?;
+            let (_, value) = rest.split_once(": &str = \"")?;
+            Some(value.strip_suffix("\";")?.to_owned())
+        })
+        .collect()
+}
+
+/// Names of a text exposition's samples (`name{…} v`, `name v`).
+fn sample_names(text: &str) -> std::collections::BTreeSet<String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_fresh_daemon_shows_every_metric_and_its_process() {
+    let declared = declared_names();
+    assert!(declared.len() >= 24, "parsed too few names: {declared:?}");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    // No Redis needed to be scraped: the daemon serves /metrics at once.
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_seathold"))
+        .args(["--redis-nodes", "redis://127.0.0.1:1"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .kill_on_drop(true)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run seathold");
+    // A bare connect is not a request: the first request is the scrape.
+    common::eventually(Duration::from_secs(10), "the daemon to listen", || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    })
+    .await;
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let scrape_text = || async {
+        reqwest::get(&url)
+            .await
+            .expect("scrape")
+            .text()
+            .await
+            .expect("text")
+    };
+    let first = scrape_text().await;
+    let names = sample_names(&first);
+    let has = |names: &std::collections::BTreeSet<String>, name: &str| {
+        names.contains(name) || names.contains(&format!("{name}_bucket"))
+    };
+    let missing: Vec<_> = declared
+        .iter()
+        .filter(|n| !has(&names, n) && *n != "seathold_http_request_duration_seconds")
+        .collect();
+    assert!(missing.is_empty(), "missing at start: {missing:?}\n{first}");
+    for script in ["hold", "release", "extend", "confirm", "lookup", "seats"] {
+        assert!(
+            first.contains(&format!(
+                "seathold_redis_command_duration_seconds_count{{op=\"{script}\"}} 0"
+            )),
+            "{script}'s latency histogram at zero:\n{first}"
+        );
+    }
+    assert!(
+        first.contains(&format!(
+            "seathold_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{first}"
+    );
+    // Request latency is labelled by status, so it appears with the first
+    // request: that scrape.
+    let second = scrape_text().await;
+    assert!(
+        second.contains(
+            "seathold_http_request_duration_seconds_count{route=\"/metrics\",status=\"200\"} 1"
+        ),
+        "{second}"
+    );
+
+    let value = |name: &str| -> f64 {
+        scrape(&second)
+            .get(name)
+            .copied()
+            .unwrap_or_else(|| panic!("{name} missing:\n{second}"))
+    };
+    let rss = value("process_resident_memory_bytes");
+    assert!(rss > 1e6 && rss < 1e9, "RSS {rss}");
+    assert!(value("process_open_fds") >= 3.0);
+    assert!(value("process_cpu_seconds_total") >= 0.0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    let started = value("process_start_time_seconds");
+    assert!(
+        (now - started).abs() < 120.0,
+        "started at {started}, now {now}"
+    );
+    let _ = child.kill().await;
 }

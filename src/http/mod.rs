@@ -8,6 +8,7 @@
 //! authorization and admission for API routes), and the one place an error
 //! becomes a response.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -115,8 +116,8 @@ impl Drop for InFlight<'_> {
 /// The response type of every route.
 pub type Resp = Response<Full<Bytes>>;
 
-/// Serves one request.
-pub async fn handle(app: Arc<App>, req: Request<impl ReqBody>) -> Resp {
+/// Serves one request from `peer`.
+pub async fn handle(app: Arc<App>, req: Request<impl ReqBody>, peer: SocketAddr) -> Resp {
     let start = Instant::now();
     let (head, body) = req.into_parts();
     let segments = Segments::of(head.uri.path());
@@ -125,12 +126,17 @@ pub async fn handle(app: Arc<App>, req: Request<impl ReqBody>) -> Resp {
         .await
         .unwrap_or_else(error_response);
     let template = route.template();
+    let elapsed = start.elapsed();
     metrics::histogram!(m::HTTP_DURATION, "route" => template, "status" => status_label(response.status()))
-        .record(start.elapsed().as_secs_f64());
+        .record(elapsed.as_secs_f64());
     tracing::debug!(
+        method = %head.method,
         route = template,
+        // Only a valid id: the raw segment is whatever the client sent.
+        show = route.show().filter(|s| crate::ids::valid_id(s)),
         status = response.status().as_u16(),
-        micros = start.elapsed().as_micros() as u64,
+        micros = elapsed.as_micros() as u64,
+        %peer,
         "request"
     );
     response
@@ -177,7 +183,7 @@ fn readyz(app: &App) -> Resp {
 }
 
 fn metrics_text(app: &App) -> Resp {
-    let mut resp = Response::new(Full::new(Bytes::from(app.metrics.render())));
+    let mut resp = Response::new(Full::new(Bytes::from(m::render(&app.metrics))));
     resp.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

@@ -102,6 +102,20 @@ impl<'p> Route<'p> {
         }
     }
 
+    /// The show named in the path, as sent (not yet validated).
+    pub fn show(&self) -> Option<&'p str> {
+        match *self {
+            Self::ShowHolds { show }
+            | Self::SeatHold { show, .. }
+            | Self::Hold { show, .. }
+            | Self::Extend { show, .. }
+            | Self::Confirm { show, .. }
+            | Self::Seat { show, .. }
+            | Self::Seats { show } => Some(show),
+            Self::Healthz | Self::Readyz | Self::Metrics | Self::MultiHold | Self::Unknown => None,
+        }
+    }
+
     /// The methods the route answers (HEAD only where it says so).
     fn methods(&self) -> &'static [Method] {
         match self {

@@ -1,0 +1,184 @@
+//! The configured user's ACL rights, proven rather than read: on every
+//! master the doctor runs each command seathold needs, on a scratch key of
+//! its own in a slot of that master, and deletes the key again.
+//!
+//! The scratch key is `<prefix>{seathold-doctor-<random>}`: under the key
+//! prefix, so a user limited to `~seat-hold:*` (cluster/acl.conf) may touch
+//! it; its hash tag is not `{show:…}`, so it is never a seat key.
+
+use redis::aio::MultiplexedConnection;
+use redis::Cmd;
+
+use super::{list, Check, Nodes, Status};
+use crate::config::Options;
+use crate::keys;
+
+/// The channel seathold subscribes to on every master for expiry events.
+const EXPIRED_CHANNEL: &str = "__keyevent@0__:expired";
+
+/// A tiny script that reads its key, as seathold's scripts do; ACLs apply
+/// inside scripts too.
+const PROBE_SCRIPT: &str = "return redis.call('PTTL', KEYS[1])";
+
+/// One command to try: the ACL rule that allows it, and the command.
+struct Try {
+    rule: &'static str,
+    cmd: Cmd,
+}
+
+/// The commands seathold sends itself or from its scripts, on `key`; the
+/// `DEL` that cleans up comes last.
+fn tries(key: &str) -> Vec<Try> {
+    let sha = redis::Script::new(PROBE_SCRIPT).get_hash().to_owned();
+    let t = |rule: &'static str, parts: &[&str]| {
+        let mut cmd = redis::cmd(parts[0]);
+        for part in &parts[1..] {
+            cmd.arg(*part);
+        }
+        Try { rule, cmd }
+    };
+    vec![
+        // The TTL makes the key go by itself should the DEL be refused.
+        t("+set", &["SET", key, "0", "PX", "60000"]),
+        t("+get", &["GET", key]),
+        t("+mget", &["MGET", key]),
+        t("+exists", &["EXISTS", key]),
+        t("+incr", &["INCR", key]),
+        t("+pexpire", &["PEXPIRE", key, "60000"]),
+        t("+pttl", &["PTTL", key]),
+        t("+pexpiretime", &["PEXPIRETIME", key]),
+        t("+script|load", &["SCRIPT", "LOAD", PROBE_SCRIPT]),
+        t("+evalsha", &["EVALSHA", &sha, "1", key]),
+        t("+eval", &["EVAL", PROBE_SCRIPT, "1", key]),
+        t("+time", &["TIME"]),
+        t("+info", &["INFO", "replication"]),
+        t("+cluster|slots", &["CLUSTER", "SLOTS"]),
+        t("+cluster|info", &["CLUSTER", "INFO"]),
+        t("+wait", &["WAIT", "0", "100"]),
+        t("+config|get", &["CONFIG", "GET", "notify-keyspace-events"]),
+        t("+del", &["DEL", key]),
+    ]
+}
+
+/// A scratch key whose slot `master` serves.
+fn scratch_key(nodes: &Nodes, master: &str, prefix: &str) -> Option<String> {
+    let nonce = uuid::Uuid::new_v4().simple().to_string();
+    (0..100_000)
+        .map(|i| format!("{prefix}{{seathold-doctor-{}-{i}}}", &nonce[..12]))
+        .find(|key| nodes.topo.master_of(keys::slot(key.as_bytes())) == Some(master))
+}
+
+/// One line per master.
+pub(super) async fn check(nodes: &Nodes, opts: &Options) -> Vec<Check> {
+    let mut checks = Vec::new();
+    for (addr, mut conn) in nodes.masters() {
+        let user = whoami(nodes, &mut conn).await;
+        let Some(key) = scratch_key(nodes, addr, &opts.key_prefix) else {
+            continue;
+        };
+        let mut denied = Vec::new();
+        let mut failed = Vec::new();
+        let mut tried = 0;
+        for Try { rule, cmd } in tries(&key) {
+            tried += 1;
+            if let Err(err) = nodes.query::<redis::Value>(&mut conn, &cmd).await {
+                judge(rule, &err, &opts.key_prefix, &mut denied, &mut failed);
+            }
+        }
+        tried += 2;
+        if let Err(err) = subscribe(nodes, addr).await {
+            judge(
+                "+subscribe +ping",
+                &err,
+                &opts.key_prefix,
+                &mut denied,
+                &mut failed,
+            );
+        }
+        let name = format!("acl {addr}");
+        checks.push(if denied.is_empty() && failed.is_empty() {
+            Check::pass(
+                name,
+                format!("user {user} may run all {tried} commands seathold needs (scratch key {key} deleted)"),
+            )
+        } else if denied.is_empty() {
+            Check::new(
+                Status::Fail,
+                name,
+                format!("user {user}: {}", list(&failed)),
+                "see the errors; every node must serve these commands",
+            )
+        } else {
+            let mut found = format!("user {user} is denied {}", list(&denied));
+            if !failed.is_empty() {
+                found += &format!("; other errors: {}", list(&failed));
+            }
+            Check::new(
+                Status::Fail,
+                name,
+                found,
+                format!(
+                    "grant them (ACL SETUSER {user} {}); cluster/acl.conf lists every right seathold needs",
+                    denied.join(" ")
+                ),
+            )
+        });
+    }
+    checks
+}
+
+/// Files a refusal under `denied` as the ACL rule to grant, anything else
+/// under `failed`.
+fn judge(
+    rule: &str,
+    err: &redis::RedisError,
+    prefix: &str,
+    denied: &mut Vec<String>,
+    failed: &mut Vec<String>,
+) {
+    let text = err.to_string();
+    // `NoPerm: …` from a command, `NOPERM …` inside a script's error.
+    if !text.to_ascii_uppercase().contains("NOPERM") {
+        failed.push(format!("{rule}: {text}"));
+        return;
+    }
+    let grant = if text.contains("access one of the keys") {
+        format!("~{prefix}*")
+    } else if text.contains("access one of the channels") {
+        "&__keyevent@*__:expired".to_owned()
+    } else {
+        rule.to_owned()
+    };
+    if !denied.contains(&grant) {
+        denied.push(grant);
+    }
+}
+
+/// The user the connection is authenticated as.
+async fn whoami(nodes: &Nodes, conn: &mut MultiplexedConnection) -> String {
+    nodes
+        .query::<String>(conn, redis::cmd("ACL").arg("WHOAMI"))
+        .await
+        .unwrap_or_else(|_| "(the configured user)".into())
+}
+
+/// `SUBSCRIBE` to the expiry channel and `PING` while subscribed, as the
+/// expiry counter does, on a connection of its own.
+async fn subscribe(nodes: &Nodes, addr: &str) -> redis::RedisResult<()> {
+    let client = nodes
+        .cluster
+        .node_client(addr)
+        .map_err(|e| redis::RedisError::from(std::io::Error::other(e.to_string())))?;
+    let work = async {
+        let mut pubsub = client.get_async_pubsub().await?;
+        pubsub.subscribe(EXPIRED_CHANNEL).await?;
+        let _: redis::Value = pubsub.ping().await?;
+        pubsub.unsubscribe(EXPIRED_CHANNEL).await
+    };
+    match tokio::time::timeout(nodes.timeout, work).await {
+        Ok(result) => result,
+        Err(_) => {
+            Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer in time").into())
+        }
+    }
+}
