@@ -1,21 +1,28 @@
--- extend.lua: set a hold's remaining time, for every seat and its record.
+-- extend.lua: set a hold's remaining time, for every seat, its record and
+-- its deadlines, and write the `extended` event of every involved show.
 --
--- KEYS[1]          hold record (its key names the token)
--- KEYS[2 .. S]     the hold's seat keys
--- KEYS[S+1]        idempotency record, only when ARGV[4] is not empty
--- ARGV[1]          hold token
--- ARGV[2]          new TTL in milliseconds (like PEXPIRE)
--- ARGV[3]          longest lifetime of a hold in milliseconds, from creation
--- ARGV[4]          request fingerprint of an Idempotency-Key, or ""
--- ARGV[5]          how long the idempotency record is kept, ms
+-- KEYS[1]            hold record (its key names the token)
+-- KEYS[2 .. 1+S]     the hold's seat keys
+-- KEYS[2+S ..]       per involved show i = 1..E: deadline index, event stream
+-- KEYS[#KEYS]        idempotency record, only when ARGV[4] is not empty
+-- ARGV[1]            hold token
+-- ARGV[2]            new TTL in milliseconds (like PEXPIRE)
+-- ARGV[3]            longest lifetime of a hold in milliseconds, from creation
+-- ARGV[4]            request fingerprint of an Idempotency-Key, or ""
+-- ARGV[5]            how long the idempotency record is kept, ms
+-- ARGV[6]            E, the number of involved shows with events on (0: off)
+-- ARGV[7]            approximate length cap of each event stream
+-- ARGV[8]            the hold's public ref
+-- ARGV[9 .. 8+E]     show i's seat ids, joined with spaces
 --
 -- Returns {1, fence, pttl_ms, now_ms} when extended; {0} when the token no
 -- longer holds every seat (nothing changed); {-1, created_ms, now_ms} when
 -- the new expiry would pass the lifetime cap (nothing changed); {-3, record}
 -- when the idempotency record exists. Time is Redis's own clock. A resend
 -- of this script extends again to the same TTL: the same answer.
+local shows = tonumber(ARGV[6])
 local idem = ARGV[4] ~= '' and KEYS[#KEYS]
-local last = idem and #KEYS - 1 or #KEYS
+local last = #KEYS - 2 * shows - (idem and 1 or 0)
 if idem then
   local done = redis.call('GET', idem)
   if done then return {-3, done} end
@@ -33,15 +40,22 @@ end
 fence, created = tonumber(fence), tonumber(created)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if now + tonumber(ARGV[2]) - created > tonumber(ARGV[3]) then
+local ttl = tonumber(ARGV[2])
+if now + ttl - created > tonumber(ARGV[3]) then
   return {-1, created, now}
 end
+local at = now + ttl
 for i = 1, last do
-  redis.call('PEXPIRE', KEYS[i], ARGV[2])
+  redis.call('PEXPIREAT', KEYS[i], at)
 end
-local pttl = redis.call('PTTL', KEYS[1])
+for i = 1, shows do
+  local seats = ARGV[8 + i]
+  redis.call('ZADD', KEYS[last + 2 * i - 1], at, string.format('%s %d %s', ARGV[8], fence, seats))
+  redis.call('XADD', KEYS[last + 2 * i], 'MAXLEN', '~', ARGV[7], '*',
+    't', 'extended', 'r', ARGV[8], 's', seats, 'f', fence, 'x', at)
+end
 if idem then
   local seats = string.match(record, '^%d+ %d+ (.*)$')
-  redis.call('SET', idem, string.format('%s 200 %d %d %s', ARGV[4], fence, now + pttl, seats), 'PX', ARGV[5])
+  redis.call('SET', idem, string.format('%s 200 %d %d %s', ARGV[4], fence, at, seats), 'PX', ARGV[5])
 end
-return {1, fence, pttl, now}
+return {1, fence, ttl, now}

@@ -58,6 +58,19 @@ pub struct DevOptions {
     pub replicas: u16,
 }
 
+/// A feature switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
+}
+
+impl Switch {
+    pub fn is_on(self) -> bool {
+        self == Self::On
+    }
+}
+
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -188,6 +201,25 @@ pub struct Options {
     )]
     pub idempotency_ttl_ms: u64,
 
+    /// Event streams: every hold transition written to the show's Redis
+    /// Stream in the same script, `expired` events, and
+    /// `GET /v1/shows/{show}/events`. `off` removes all three.
+    #[arg(long, env = "SEATHOLD_EVENTS", value_enum, default_value_t = Switch::On)]
+    pub events: Switch,
+
+    /// Approximate length cap of each show's event stream.
+    #[arg(long, env = "SEATHOLD_EVENTS_MAX_LEN", default_value_t = 10_000)]
+    pub events_max_len: u64,
+
+    /// How often an event stream (SSE) without events sends a comment
+    /// line, so that proxies keep it open.
+    #[arg(long, env = "SEATHOLD_SSE_HEARTBEAT_MS", default_value_t = 15_000)]
+    pub sse_heartbeat_ms: u64,
+
+    /// The seat-map page at /ui/shows/{show}; `off` removes it.
+    #[arg(long, env = "SEATHOLD_UI", value_enum, default_value_t = Switch::On)]
+    pub ui: Switch,
+
     /// When set, every write route (POST and DELETE under /v1) needs
     /// `Authorization: Bearer <token>`; reads, health and metrics stay
     /// open. Prefer the environment variable to the flag.
@@ -273,6 +305,12 @@ impl Options {
                 "--header-read-timeout-ms and --body-read-timeout-ms must be positive".into(),
             );
         }
+        if self.sse_heartbeat_ms < 100 {
+            return fail("--sse-heartbeat-ms must be at least 100".into());
+        }
+        if self.events_max_len < 100 {
+            return fail("--events-max-len must be at least 100".into());
+        }
         if self.idempotency_ttl_ms < 1_000 {
             return fail("--idempotency-ttl-ms must be at least 1000".into());
         }
@@ -295,6 +333,7 @@ impl Options {
             confirm_wait_replicas: self.confirm_wait_replicas,
             confirm_wait_timeout_ms: self.confirm_wait_timeout_ms,
             idempotency_ttl_ms: self.idempotency_ttl_ms,
+            events_max_len: self.events.is_on().then_some(self.events_max_len),
         }
     }
 

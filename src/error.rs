@@ -59,6 +59,8 @@ pub enum Error {
     InvalidIdempotencyKey,
     #[error("this Idempotency-Key was used for a different request")]
     IdempotencyKeyReused,
+    #[error("events after this cursor were already trimmed from the stream; reload the seat states and resume from the newest event")]
+    EventsExpired,
 }
 
 impl Error {
@@ -73,6 +75,7 @@ impl Error {
             | Self::TooManySeats(_)
             | Self::InvalidIdempotencyKey => StatusCode::BAD_REQUEST,
             Self::HoldNotFound | Self::NotFound => StatusCode::NOT_FOUND,
+            Self::EventsExpired => StatusCode::GONE,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::SeatsTaken(_) => StatusCode::CONFLICT,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -114,6 +117,7 @@ impl Error {
             Self::Internal(_) | Self::RedisRefused(..) => "internal",
             Self::InvalidIdempotencyKey => "invalid_idempotency_key",
             Self::IdempotencyKeyReused => "idempotency_key_reused",
+            Self::EventsExpired => "events_expired",
         }
     }
 

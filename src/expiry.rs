@@ -1,15 +1,17 @@
-//! Counting holds that expired, from Redis's own keyspace events.
+//! Redis's own keyspace events of expired hold records: with events on, a
+//! hint that wakes the sweeper of the record's show (see
+//! [`crate::events::sweep`], which writes the `expired` event and counts it);
+//! with `--events off`, the count of expired holds itself.
 //!
 //! Keyspace notifications are node-local: each master publishes the keys it
 //! expires on its own `__keyevent@0__:expired` channel, and nothing is
 //! forwarded across the cluster. So seathold keeps one subscription per
-//! master, follows the slot map (a replica promoted after a failover, a
-//! master added) and counts every expired hold record: a record expires only
-//! when its hold was neither released nor confirmed (both delete it).
-//!
-//! Redis emits `expired` when it deletes the key, on access or in its
-//! background sweep, so the counter can trail the TTL by seconds when many
-//! keys carry TTLs.
+//! master and follows the slot map (a replica promoted after a failover, a
+//! master added). A record expires only when its hold was neither released
+//! nor confirmed (both delete it). Redis emits `expired` when it deletes the
+//! key, on access or in its background sweep, so a notification can trail
+//! the TTL by seconds, and one is lost while nobody listens: good enough to
+//! wake the sweeper early, never the record of an expiry.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -21,6 +23,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::cluster::{Cluster, Deadline};
+use crate::events::sweep::Sweeper;
 use crate::keys::KeySpace;
 use crate::metrics as m;
 
@@ -32,6 +35,8 @@ struct Shared {
     cluster: Arc<Cluster>,
     keys: KeySpace,
     subscribed: AtomicUsize,
+    /// Woken by each expired hold record; `None` with events off.
+    sweeper: Option<Arc<Sweeper>>,
     /// How often an idle subscription is pinged.
     ping_interval: Duration,
     /// Masters on which events are off and could not be turned on.
@@ -43,6 +48,7 @@ pub async fn run(
     cluster: Arc<Cluster>,
     keys: KeySpace,
     ping_interval: Duration,
+    sweeper: Option<Arc<Sweeper>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut topology = cluster.watch_topology();
@@ -50,6 +56,7 @@ pub async fn run(
         cluster,
         keys,
         subscribed: AtomicUsize::new(0),
+        sweeper,
         ping_interval,
         disabled: AtomicUsize::new(0),
     });
@@ -177,9 +184,12 @@ async fn session(
         tokio::select! {
             msg = stream.next() => {
                 let Some(msg) = msg else { return Ok(()) };
-                let key = msg.get_payload_bytes();
-                if std::str::from_utf8(key).is_ok_and(|k| shared.keys.parse_hold_record(k).is_some()) {
-                    metrics::counter!(m::HOLD_EXPIRIES).increment(1);
+                let key = std::str::from_utf8(msg.get_payload_bytes()).unwrap_or_default();
+                if let Some((show, _)) = shared.keys.parse_hold_record(key) {
+                    match &shared.sweeper {
+                        Some(sweeper) => sweeper.hint(show),
+                        None => metrics::counter!(m::HOLD_EXPIRIES).increment(1),
+                    }
                 }
             }
             _ = ping.tick() => {

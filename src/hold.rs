@@ -11,6 +11,7 @@ use redis::Value;
 
 use crate::cluster::{Cluster, Deadline, Wait};
 use crate::error::Error;
+use crate::events::sweep::Sweeper;
 use crate::idempotency::{Idem, Recorded};
 use crate::ids::{HoldToken, SeatId, ShowId};
 use crate::keys::{self, KeySpace};
@@ -28,6 +29,8 @@ pub struct Limits {
     pub confirm_wait_timeout_ms: u64,
     /// How long the outcome under an `Idempotency-Key` is kept.
     pub idempotency_ttl_ms: u64,
+    /// The cap of each show's event stream; `None` with events off.
+    pub events_max_len: Option<u64>,
 }
 
 /// How long the daemon's own idempotency record of a release is kept: long
@@ -83,6 +86,42 @@ struct Lookup {
     recorded: Option<String>,
 }
 
+/// The event part of a write script: for every involved show (sorted), its
+/// deadline index and stream (keys), and its seat ids (arguments).
+struct EventArgs {
+    keys: Vec<String>,
+    max_len: u64,
+    hold_ref: String,
+    seats: Vec<String>,
+    /// The involved shows, for counting the events written.
+    shows: usize,
+}
+
+impl EventArgs {
+    /// Appends `E`, the cap, the ref and every show's seats to `cmd`; with
+    /// events off (`None`), `E` = 0.
+    fn push(this: Option<&Self>, cmd: &mut redis::Cmd) {
+        match this {
+            Some(ev) => {
+                cmd.arg(ev.shows).arg(ev.max_len).arg(&ev.hold_ref);
+                for seats in &ev.seats {
+                    cmd.arg(seats);
+                }
+            }
+            None => {
+                cmd.arg(0).arg(0).arg("");
+            }
+        }
+    }
+
+    /// Counts `n` events of type `kind` per involved show.
+    fn count(this: Option<&Self>, kind: &'static str) {
+        if let Some(ev) = this {
+            metrics::counter!(m::EVENTS, "type" => kind).increment(ev.shows as u64);
+        }
+    }
+}
+
 /// The integers of a script's reply, or `None` when one element is not.
 fn ints(reply: &[Value]) -> Option<Vec<i64>> {
     reply
@@ -117,14 +156,35 @@ pub struct Service {
     cluster: Arc<Cluster>,
     keys: KeySpace,
     limits: Limits,
+    /// Told of every deadline this instance sets (events on).
+    sweeper: Option<Arc<Sweeper>>,
 }
 
 impl Service {
-    pub fn new(cluster: Arc<Cluster>, keys: KeySpace, limits: Limits) -> Self {
+    pub fn new(
+        cluster: Arc<Cluster>,
+        keys: KeySpace,
+        limits: Limits,
+        sweeper: Option<Arc<Sweeper>>,
+    ) -> Self {
         Self {
             cluster,
             keys,
             limits,
+            sweeper,
+        }
+    }
+
+    /// Has the sweeper look at the shows of `seats` when `ttl_ms` has passed.
+    fn schedule_sweep(&self, home: &ShowId, seats: &Seats, ttl_ms: u64) {
+        if let Some(sweeper) = &self.sweeper {
+            let mut last: Option<&ShowId> = None;
+            for (show, _) in seats.pairs(home) {
+                if last != Some(show) {
+                    sweeper.schedule(show, ttl_ms);
+                    last = Some(show);
+                }
+            }
         }
     }
 
@@ -159,6 +219,32 @@ impl Service {
             return Err(Error::TooManySeats(self.limits.max_seats_per_hold));
         }
         Ok(())
+    }
+
+    /// The event keys and arguments of the hold `token` of `home` with
+    /// `seats`; `None` with events off.
+    fn event_args(&self, home: &ShowId, seats: &Seats, token: &HoldToken) -> Option<EventArgs> {
+        let max_len = self.limits.events_max_len?;
+        let mut by_show: std::collections::BTreeMap<&ShowId, String> = Default::default();
+        for (show, seat) in seats.pairs(home) {
+            let list = by_show.entry(show).or_default();
+            if !list.is_empty() {
+                list.push(' ');
+            }
+            list.push_str(seat.as_str());
+        }
+        let mut keys = Vec::with_capacity(2 * by_show.len());
+        for show in by_show.keys() {
+            keys.push(self.keys.deadlines(show));
+            keys.push(self.keys.events(show));
+        }
+        Some(EventArgs {
+            keys,
+            max_len,
+            hold_ref: token.hold_ref(),
+            shows: by_show.len(),
+            seats: by_show.into_values().collect(),
+        })
     }
 
     /// The idempotency key of `idem` under `show`, and the script
@@ -214,18 +300,23 @@ impl Service {
             .iter()
             .map(|&(show, seat)| self.keys.seat(show, seat))
             .collect();
-        let mut key_list = Vec::with_capacity(2 + shows.len() + seats.len());
+        let events = self.event_args(home, &seats, &token);
+        // With events on, the stream ids give the fences.
+        let fences = if events.is_some() { 0 } else { shows.len() };
+        let mut key_list = Vec::with_capacity(2 + 3 * shows.len() + seats.len());
         key_list.push(self.keys.hold_record(home, &token));
-        key_list.extend(shows.iter().map(|show| self.keys.fence(show)));
+        key_list.extend(shows.iter().take(fences).map(|show| self.keys.fence(show)));
         key_list.extend(seat_keys.iter().cloned());
         if shows.len() > 1 {
-            check_one_slot(&key_list, shows.len(), &pairs)?;
+            check_one_slot(&key_list[1 + fences..], &pairs)?;
+        }
+        if let Some(ev) = &events {
+            key_list.extend(ev.keys.iter().cloned());
         }
         let (idem_key, fingerprint) = self.idem_args(home, idem);
         key_list.extend(idem_key);
 
         let encoded = seats.encode(home);
-        let fences = shows.len();
         let reply: Result<Vec<Value>, Error> = self
             .cluster
             .eval(deadline, &self.cluster.scripts().hold, &key_list, |c| {
@@ -236,6 +327,7 @@ impl Service {
                     .arg(&encoded)
                     .arg(fingerprint)
                     .arg(self.limits.idempotency_ttl_ms);
+                EventArgs::push(events.as_ref(), c);
             })
             .await;
         let reply = match reply {
@@ -244,7 +336,7 @@ impl Service {
                 if idem.is_none() && may_have_run(&err) {
                     let mut keys = vec![key_list.swap_remove(0)];
                     keys.extend(seat_keys);
-                    self.abandon_later(token, keys, ttl);
+                    self.abandon_later(token, keys, ttl, events);
                 }
                 return Err(err);
             }
@@ -257,6 +349,8 @@ impl Service {
             [1, fence, pttl, now] => {
                 count(m::HOLDS, 1);
                 count(m::SEATS_HELD, seats.len() as u64);
+                EventArgs::count(events.as_ref(), "held");
+                self.schedule_sweep(home, &seats, ttl);
                 Ok(Answer::fresh(Hold::new(
                     token,
                     home.clone(),
@@ -306,7 +400,16 @@ impl Service {
     /// request was answered 503 after its script may have reached Redis,
     /// until that succeeds or the hold would have expired anyway. `keys` are
     /// the record's and the seats'.
-    fn abandon_later(&self, token: HoldToken, keys: Vec<String>, ttl_ms: u64) {
+    fn abandon_later(
+        &self,
+        token: HoldToken,
+        mut keys: Vec<String>,
+        ttl_ms: u64,
+        events: Option<EventArgs>,
+    ) {
+        if let Some(ev) = &events {
+            keys.extend(ev.keys.iter().cloned());
+        }
         let cluster = Arc::clone(&self.cluster);
         tokio::spawn(async move {
             let give_up = std::time::Instant::now() + std::time::Duration::from_millis(ttl_ms);
@@ -317,11 +420,15 @@ impl Service {
                 let done: Result<i64, Error> = cluster
                     .eval(&deadline, script, &keys, |c| {
                         c.arg(token.as_str()).arg(ttl_ms);
+                        EventArgs::push(events.as_ref(), c);
                     })
                     .await;
                 match done {
                     Ok(released) => {
                         count(m::ORPHAN_RELEASES, 1);
+                        if released == 1 {
+                            EventArgs::count(events.as_ref(), "released");
+                        }
                         tracing::info!(released = released == 1, "abandoned a hold answered 503");
                         return;
                     }
@@ -400,11 +507,21 @@ impl Service {
         })
     }
 
-    /// The hold record's key, then the key of every seat of the hold.
-    fn record_and_seat_keys(&self, show: &ShowId, token: &HoldToken, seats: &Seats) -> Vec<String> {
-        let mut key_list = Vec::with_capacity(3 + seats.len());
+    /// The hold record's key, the key of every seat of the hold, and the
+    /// event keys of every involved show.
+    fn record_and_seat_keys(
+        &self,
+        show: &ShowId,
+        token: &HoldToken,
+        seats: &Seats,
+        events: Option<&EventArgs>,
+    ) -> Vec<String> {
+        let mut key_list = Vec::with_capacity(4 + 3 * seats.len());
         key_list.push(self.keys.hold_record(show, token));
         key_list.extend(seats.pairs(show).map(|(s, seat)| self.keys.seat(s, seat)));
+        if let Some(ev) = events {
+            key_list.extend(ev.keys.iter().cloned());
+        }
         key_list
     }
 
@@ -450,7 +567,8 @@ impl Service {
         let Found::Hold(rec) = lookup.found else {
             return Err(Error::HoldNotFound);
         };
-        let mut key_list = self.record_and_seat_keys(show, &token, &rec.seats);
+        let events = self.event_args(show, &rec.seats, &token);
+        let mut key_list = self.record_and_seat_keys(show, &token, &rec.seats, events.as_ref());
         let (idem_key, fingerprint) = self.idem_args(show, idem);
         key_list.extend(idem_key);
         let max = self.limits.max_hold_lifetime_ms;
@@ -462,6 +580,7 @@ impl Service {
                     .arg(max)
                     .arg(fingerprint)
                     .arg(self.limits.idempotency_ttl_ms);
+                EventArgs::push(events.as_ref(), c);
             })
             .await?;
         if let (Some(recorded), Some(idem)) = (replay_of(&reply), idem) {
@@ -472,6 +591,8 @@ impl Service {
         match ints(&reply).unwrap_or_default().as_slice() {
             [1, fence, pttl, now] => {
                 count(m::EXTENDS, 1);
+                EventArgs::count(events.as_ref(), "extended");
+                self.schedule_sweep(show, &rec.seats, ttl);
                 Ok(Answer::fresh(Hold::new(
                     token,
                     show.clone(),
@@ -518,17 +639,20 @@ impl Service {
                 (&internal, INTERNAL_IDEMPOTENCY_TTL_MS, true)
             }
         };
-        let mut key_list = self.record_and_seat_keys(show, &token, &rec.seats);
+        let events = self.event_args(show, &rec.seats, &token);
+        let mut key_list = self.record_and_seat_keys(show, &token, &rec.seats, events.as_ref());
         key_list.push(self.keys.idempotency(show, idem.key.as_str()));
         let reply: Value = self
             .cluster
             .eval(deadline, &self.cluster.scripts().release, &key_list, |c| {
                 c.arg(token.as_str()).arg(&idem.fingerprint).arg(ttl);
+                EventArgs::push(events.as_ref(), c);
             })
             .await?;
         match reply {
             Value::Int(1) => {
                 count(m::RELEASES, 1);
+                EventArgs::count(events.as_ref(), "released");
                 Ok(Answer::fresh(()))
             }
             Value::Int(0) => Err(Error::HoldNotFound),
@@ -573,7 +697,8 @@ impl Service {
             Found::Hold(rec) | Found::Sale(rec) => rec,
             Found::Nothing => return Err(Error::HoldNotFound),
         };
-        let mut key_list = self.record_and_seat_keys(show, &token, &rec.seats);
+        let events = self.event_args(show, &rec.seats, &token);
+        let mut key_list = self.record_and_seat_keys(show, &token, &rec.seats, events.as_ref());
         key_list.insert(1, self.keys.sale_record(show, &token));
         let (idem_key, fingerprint) = self.idem_args(show, idem);
         // A replay confirms again without recording again.
@@ -597,6 +722,7 @@ impl Service {
                     c.arg(token.as_str())
                         .arg(fingerprint)
                         .arg(self.limits.idempotency_ttl_ms);
+                    EventArgs::push(events.as_ref(), c);
                 },
                 // Nothing was sold when the hold is gone: no WAIT.
                 |reply: &Vec<i64>| (reply.first() != Some(&0)).then_some(wait),
@@ -613,6 +739,7 @@ impl Service {
         };
         if first {
             count(m::CONFIRMS, 1);
+            EventArgs::count(events.as_ref(), "confirmed");
         }
         let confirmation = Confirmation {
             hold_token: token,
@@ -712,22 +839,22 @@ fn taken(triples: &[i64], pairs: &[(&ShowId, &SeatId)], multi: bool) -> Vec<Take
         .collect()
 }
 
-/// Refuses keys of several shows that do not share one hash slot, naming
-/// the slot of every seat (`pairs`, whose keys follow the record and `fences`
-/// fence keys in `key_list`). Keys of one show share a tag by construction.
-fn check_one_slot(
-    key_list: &[String],
-    fences: usize,
-    pairs: &[(&ShowId, &SeatId)],
-) -> Result<(), Error> {
-    let slots: Vec<u16> = key_list.iter().map(|k| keys::slot(k.as_bytes())).collect();
+/// Refuses seats of several shows that do not share one hash slot, naming
+/// the slot of every seat (`seat_keys`, one per pair of `pairs`). Every
+/// other key of a hold carries one of its shows' tags, so the seats decide.
+fn check_one_slot(seat_keys: &[String], pairs: &[(&ShowId, &SeatId)]) -> Result<(), Error> {
+    let slots: Vec<u16> = seat_keys
+        .iter()
+        .take(pairs.len())
+        .map(|k| keys::slot(k.as_bytes()))
+        .collect();
     if slots.iter().all(|&s| s == slots[0]) {
         return Ok(());
     }
     count(m::CROSS_SLOT_REJECTIONS, 1);
     let detail = pairs
         .iter()
-        .zip(&slots[1 + fences..])
+        .zip(&slots)
         .map(|(&(show, seat), &slot)| SeatSlot {
             show: show.clone(),
             seat: seat.clone(),

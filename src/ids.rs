@@ -108,6 +108,14 @@ impl HoldToken {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The hold's public ref in events: the first 16 hex digits of
+    /// SHA-256 of the token. A holder can compute it; nobody can go back.
+    pub fn hold_ref(&self) -> String {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(self.0.as_bytes());
+        digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    }
 }
 
 impl AsRef<str> for HoldToken {
@@ -151,5 +159,8 @@ mod tests {
         assert_eq!(HoldToken::parse(t.as_str()).ok(), Some(t));
         assert!(HoldToken::parse("3F0C0000-0000-4000-8000-000000000000").is_err());
         assert!(HoldToken::parse("nope").is_err());
+        // sha256("3f0c0000-0000-4000-8000-000000000000"), first 8 bytes.
+        let known = HoldToken::parse("3f0c0000-0000-4000-8000-000000000000").expect("token");
+        assert_eq!(known.hold_ref(), "9003699547b6db14");
     }
 }

@@ -119,12 +119,36 @@ impl KeySpace {
         self.record(show.as_ref(), "idem", key)
     }
 
-    /// `<prefix>{show:<show>}#fence`: the show's fence counter.
-    pub fn fence(&self, show: &(impl AsRef<str> + ?Sized)) -> String {
-        let show = show.as_ref();
-        let mut key = self.tagged(show, 6);
-        key.push_str("#fence");
+    /// `<prefix>{show:<show>}#<name>`: one of the show's own keys.
+    fn show_key(&self, show: &str, name: &str) -> String {
+        let mut key = self.tagged(show, name.len() + 1);
+        key.push('#');
+        key.push_str(name);
         key
+    }
+
+    /// `<prefix>{show:<show>}#fence`: the show's fence counter (with
+    /// events off; with events on the stream ids give the fences).
+    pub fn fence(&self, show: &(impl AsRef<str> + ?Sized)) -> String {
+        self.show_key(show.as_ref(), "fence")
+    }
+
+    /// `<prefix>{show:<show>}#events`: the show's event stream.
+    pub fn events(&self, show: &(impl AsRef<str> + ?Sized)) -> String {
+        self.show_key(show.as_ref(), "events")
+    }
+
+    /// `<prefix>{show:<show>}#deadlines`: the show's deadline index, a
+    /// sorted set of its live holds scored with their expiry.
+    pub fn deadlines(&self, show: &(impl AsRef<str> + ?Sized)) -> String {
+        self.show_key(show.as_ref(), "deadlines")
+    }
+
+    /// If `key` is a deadline index of this key space, its show.
+    pub fn parse_deadlines<'k>(&self, key: &'k str) -> Option<&'k str> {
+        let rest = key.strip_prefix(self.prefix.as_str())?;
+        let show = rest.strip_prefix("{show:")?.strip_suffix("}#deadlines")?;
+        valid_id(show).then_some(show)
     }
 
     /// If `key` is a hold record key of this key space, the home show and
@@ -165,12 +189,16 @@ mod tests {
         assert_eq!(ks.parse_hold_record(&rec), Some(("42", token.as_str())));
         assert_eq!(ks.parse_hold_record("seat-hold:{show:42}:E7"), None);
         assert_eq!(ks.parse_hold_record("other:{show:42}#hold:t"), None);
+        assert_eq!(ks.parse_deadlines(&ks.deadlines("42")), Some("42"));
+        assert_eq!(ks.parse_deadlines(&ks.events("42")), None);
         let s = ks.show_slot("42");
         for key in [
             ks.seat("42", "E7"),
             rec,
             ks.fence("42"),
             ks.sale_record("42", &token),
+            ks.events("42"),
+            ks.deadlines("42"),
         ] {
             assert_eq!(slot(key.as_bytes()), s);
         }

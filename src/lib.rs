@@ -24,7 +24,9 @@
 //! - [`cluster`]: the Redis Cluster side: slot map, direct per-master path,
 //!   confirm's dedicated connections and `WAIT`, fault classes, the request
 //!   deadline, readiness.
-//! - [`expiry`]: counts expired holds from every master's keyspace events.
+//! - [`events`]: event streams: `expired` events once, per-show readers, SSE.
+//! - [`ui`]: the live seat-map page, compiled in.
+//! - [`expiry`]: keyspace events of expired holds: the sweeper's wake-up hint.
 //! - [`metrics`]: metric names, the Prometheus recorder and its upkeep.
 //! - [`dev`]: a local Redis Cluster from `redis-server`, for `seathold dev`
 //!   and the tests.
@@ -36,6 +38,7 @@ pub mod config;
 pub mod dev;
 pub mod doctor;
 pub mod error;
+pub mod events;
 pub mod expiry;
 pub mod hold;
 pub mod http;
@@ -48,3 +51,4 @@ pub mod model;
 pub mod scripts;
 pub mod server;
 pub mod tasks;
+pub mod ui;

@@ -34,6 +34,21 @@ pub const ORPHAN_RELEASES: &str = "seathold_orphan_releases_total";
 /// Requests answered from an idempotency record (contract, 1.1).
 pub const IDEMPOTENT_REPLAYS: &str = "seathold_idempotent_replays_total";
 
+/// Events this instance wrote to the shows' streams, by `type` (contract, 1.1).
+pub const EVENTS: &str = "seathold_events_total";
+/// Event-stream subscribers (SSE clients) of this instance (contract, 1.1).
+pub const EVENT_SUBSCRIBERS: &str = "seathold_event_subscribers";
+/// Event time (its stream id) to its write to a subscriber (contract, 1.1).
+pub const EVENT_DELIVERY: &str = "seathold_event_delivery_seconds";
+/// Shows whose stream this instance reads (one reader per show).
+pub const EVENT_READERS: &str = "seathold_event_readers";
+/// Subscribers disconnected because they fell too far behind.
+pub const EVENT_SUBSCRIBERS_DROPPED: &str = "seathold_event_subscribers_dropped_total";
+/// Sweeps of a show's deadline index that failed (Redis unavailable).
+pub const SWEEP_FAILURES: &str = "seathold_sweep_failures_total";
+/// Shows with live holds this instance sweeps.
+pub const SWEPT_SHOWS: &str = "seathold_swept_shows";
+
 /// Confirms whose sale reached fewer replicas than required in time.
 pub const CONFIRMS_NOT_REPLICATED: &str = "seathold_confirms_not_replicated_total";
 /// Scripts sent again with EVAL after a NOSCRIPT, by script.

@@ -117,6 +117,10 @@ pub struct Scripts {
     pub seats: Script,
     /// `lua/abandon.lua`: undo (or forestall) a hold answered 503.
     pub abandon: Script,
+    /// `lua/sweep.lua`: `expired` events of one show, exactly once.
+    pub sweep: Script,
+    /// `lua/events.lua`: a show's events after a cursor.
+    pub events: Script,
 }
 
 impl Scripts {
@@ -130,11 +134,13 @@ impl Scripts {
             lookup: Script::new("lookup", include_str!("../lua/lookup.lua")),
             seats: Script::new("seats", include_str!("../lua/seats.lua")),
             abandon: Script::new("abandon", include_str!("../lua/abandon.lua")),
+            sweep: Script::new("sweep", include_str!("../lua/sweep.lua")),
+            events: Script::new("events", include_str!("../lua/events.lua")),
         }
     }
 
     /// All scripts, for loading them.
-    pub fn all(&self) -> [&Script; 7] {
+    pub fn all(&self) -> [&Script; 9] {
         [
             &self.hold,
             &self.release,
@@ -143,6 +149,8 @@ impl Scripts {
             &self.lookup,
             &self.seats,
             &self.abandon,
+            &self.sweep,
+            &self.events,
         ]
     }
 }

@@ -21,6 +21,8 @@ use tokio::net::TcpListener;
 
 use crate::cluster::{Cluster, Readiness};
 use crate::config::{DevOptions, Options};
+use crate::events::hub::Hub;
+use crate::events::sweep::Sweeper;
 use crate::hold::Service;
 use crate::http::{self, App};
 use crate::keys::KeySpace;
@@ -52,16 +54,22 @@ pub fn app(opts: &Options) -> Result<Arc<App>, StartError> {
     let cluster = Cluster::new(&redis, Scripts::embedded(), Arc::clone(&readiness))?;
     let metrics = crate::metrics::install();
     crate::metrics::register_zeroes();
-    let service = Service::new(
-        cluster,
-        KeySpace::new(opts.key_prefix.clone()),
-        opts.limits(),
-    );
-    Ok(Arc::new(App::new(service, metrics, readiness, opts)))
+    let keys = KeySpace::new(opts.key_prefix.clone());
+    let events = opts.events.is_on().then(|| crate::events::Events {
+        sweeper: Sweeper::new(Arc::clone(&cluster), keys.clone(), opts.events_max_len),
+        hub: Hub::new(Arc::clone(&cluster), keys.clone()),
+        heartbeat: Duration::from_millis(opts.sse_heartbeat_ms),
+    });
+    let sweeper = events.as_ref().map(|e| Arc::clone(&e.sweeper));
+    let service = Service::new(cluster, keys, opts.limits(), sweeper);
+    Ok(Arc::new(App::new(
+        service, metrics, readiness, events, opts,
+    )))
 }
 
 /// Starts the background work of `app`: the cluster's upkeep (connection,
-/// slot map, readiness), the expiry subscriptions and the metrics upkeep.
+/// slot map, readiness), the expiry subscriptions, the sweeper of `expired`
+/// events and the metrics upkeep.
 fn background(app: &App, opts: &Options) -> Background {
     let mut tasks = Background::default();
     let cluster = Arc::clone(app.service.cluster());
@@ -71,9 +79,14 @@ fn background(app: &App, opts: &Options) -> Background {
         app.service.keys().clone(),
     );
     let ping = Duration::from_millis(opts.expiry_ping_interval_ms);
+    let sweeper = app.events.as_ref().map(|e| Arc::clone(&e.sweeper));
     tasks.spawn("expiry", move |stop| {
-        crate::expiry::run(cluster, keys, ping, stop)
+        crate::expiry::run(cluster, keys, ping, sweeper, stop)
     });
+    if let Some(events) = &app.events {
+        let sweeper = Arc::clone(&events.sweeper);
+        tasks.spawn("sweeper", |stop| sweeper.run(stop));
+    }
     let handle = app.metrics.clone();
     tasks.spawn("metrics", |stop| crate::metrics::upkeep(handle, stop));
     tasks
@@ -125,6 +138,8 @@ pub async fn run(
 
     // Requests in flight end within the Redis timeout; the margin covers
     // writing their responses.
+    // Event streams would hold their connections open forever: they end now.
+    app.closing.send_replace(true);
     let bound = Duration::from_millis(opts.redis_timeout_ms) + Duration::from_secs(1);
     if tokio::time::timeout(bound, graceful.shutdown())
         .await

@@ -40,7 +40,10 @@ pub(super) async fn serve(
         Route::Confirm { show, token } => confirm(&req, ShowId::parse(show)?, token).await,
         Route::Seat { show, seat } => seat_state(&req, ShowId::parse(show)?, seat).await,
         Route::Seats { show } => seat_states(&req, ShowId::parse(show)?).await,
-        Route::Healthz | Route::Readyz | Route::Metrics | Route::Unknown => Err(Error::NotFound),
+        Route::Events { show } => events(&req, ShowId::parse(show)?).await,
+        Route::Healthz | Route::Readyz | Route::Metrics | Route::Ui { .. } | Route::Unknown => {
+            Err(Error::NotFound)
+        }
     }
 }
 
@@ -238,4 +241,77 @@ async fn seat_states(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
         .zip(states)
         .map(|(seat, state)| SeatState::new(None, seat, state));
     Ok(json(StatusCode::OK, &SeatStates::new(show, states)))
+}
+
+/// `GET /v1/shows/{show}/events`: Server-Sent Events with
+/// `Accept: text/event-stream`, else a page of events for pollers.
+async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
+    use crate::events::{read, sse, Cursor, EventId, Page, MAX_LIMIT};
+    let Some(events) = &req.app.events else {
+        return Err(Error::NotFound);
+    };
+    let query = req.head.uri.query().unwrap_or_default();
+    let param = |name: &str| {
+        form_urlencoded::parse(query.as_bytes())
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.into_owned())
+    };
+    let parse_id = |raw: &str| {
+        EventId::parse(raw.trim())
+            .ok_or_else(|| Error::InvalidRequest(format!("{raw:?} is not an event id")))
+    };
+    let resume = match req.head.headers.get("last-event-id") {
+        Some(v) => Some(v.to_str().unwrap_or_default().to_owned()),
+        None => param("after"),
+    };
+    let after = resume.as_deref().map(parse_id).transpose()?;
+    let wants_stream = req
+        .head
+        .headers
+        .get(hyper::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"));
+    let cluster = req.app.service.cluster();
+    let keys = req.app.service.keys();
+    if wants_stream {
+        let sub = sse::Subscription {
+            cluster: std::sync::Arc::clone(cluster),
+            keys: keys.clone(),
+            show,
+            closing: req.app.closing.subscribe(),
+        };
+        let body = sse::subscribe(events, sub, after.map_or(Cursor::Newest, Cursor::After)).await?;
+        let mut resp = hyper::Response::new(body);
+        let headers = resp.headers_mut();
+        headers.insert(
+            hyper::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        headers.insert(
+            hyper::header::CACHE_CONTROL,
+            HeaderValue::from_static("no-cache"),
+        );
+        // Proxies that buffer (nginx) must pass events through at once.
+        headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+        return Ok(resp);
+    }
+    let limit = match param("limit") {
+        None => 100,
+        Some(raw) => match raw.parse::<usize>() {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
+            _ => {
+                return Err(Error::InvalidRequest(format!(
+                    "limit must be an integer from 1 to {MAX_LIMIT}"
+                )))
+            }
+        },
+    };
+    let cursor = Cursor::After(after.unwrap_or(EventId::ZERO));
+    let (page, newest) = read(cluster, keys, &req.deadline(), &show, cursor, limit).await?;
+    let next = match (page.last(), after) {
+        (Some(last), _) => last.id.clone(),
+        (None, Some(after)) => after.to_string(),
+        (None, None) => newest.to_string(),
+    };
+    Ok(json(StatusCode::OK, &Page { events: page, next }))
 }

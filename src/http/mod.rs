@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -38,6 +38,13 @@ pub struct App {
     pub metrics: PrometheusHandle,
     /// Whether `/readyz` answers 200; the shutdown path turns it off.
     pub readiness: Arc<Readiness>,
+    /// The event sweeper and readers; `None` with `--events off`.
+    pub events: Option<crate::events::Events>,
+    /// Turns true when the server stops serving (after the drain): event
+    /// streams end then.
+    pub closing: tokio::sync::watch::Sender<bool>,
+    /// Whether the seat-map page is served.
+    pub ui: bool,
     body: body::Limits,
     max_in_flight: usize,
     api_token: Option<String>,
@@ -50,12 +57,16 @@ impl App {
         service: Service,
         metrics: PrometheusHandle,
         readiness: Arc<Readiness>,
+        events: Option<crate::events::Events>,
         opts: &crate::config::Options,
     ) -> Self {
         Self {
             service,
             metrics,
             readiness,
+            events,
+            closing: tokio::sync::watch::channel(false).0,
+            ui: opts.ui.is_on(),
             body: body::Limits {
                 max_bytes: opts.max_body_bytes,
                 timeout: Duration::from_millis(opts.body_read_timeout_ms),
@@ -114,7 +125,12 @@ impl Drop for InFlight<'_> {
 }
 
 /// The response type of every route.
-pub type Resp = Response<Full<Bytes>>;
+pub type Resp = Response<crate::events::sse::Body>;
+
+/// A whole body, boxed as every response body is.
+pub fn full(bytes: impl Into<Bytes>) -> crate::events::sse::Body {
+    Full::new(bytes.into()).boxed_unsync()
+}
 
 /// Serves one request from `peer`.
 pub async fn handle(app: Arc<App>, req: Request<impl ReqBody>, peer: SocketAddr) -> Resp {
@@ -163,6 +179,7 @@ async fn dispatch(
         Route::Healthz => return Ok(json(StatusCode::OK, &Health::up("ok"))),
         Route::Readyz => return Ok(readyz(app)),
         Route::Metrics => return Ok(metrics_text(app)),
+        Route::Ui { show } => return crate::ui::page(app.ui, show),
         _ => {}
     }
     app.authorize(&head.method, &head.headers)?;
@@ -183,7 +200,7 @@ fn readyz(app: &App) -> Resp {
 }
 
 fn metrics_text(app: &App) -> Resp {
-    let mut resp = Response::new(Full::new(Bytes::from(m::render(&app.metrics))));
+    let mut resp = Response::new(full(m::render(&app.metrics)));
     resp.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -194,7 +211,7 @@ fn metrics_text(app: &App) -> Resp {
 /// A JSON response.
 pub fn json<T: serde::Serialize + ?Sized>(status: StatusCode, value: &T) -> Resp {
     let body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
-    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    let mut resp = Response::new(full(body));
     *resp.status_mut() = status;
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -203,7 +220,7 @@ pub fn json<T: serde::Serialize + ?Sized>(status: StatusCode, value: &T) -> Resp
 
 /// A response without a body.
 fn empty(status: StatusCode) -> Resp {
-    let mut resp = Response::new(Full::new(Bytes::new()));
+    let mut resp = Response::new(full(Bytes::new()));
     *resp.status_mut() = status;
     resp
 }

@@ -52,6 +52,8 @@ pub enum Route<'p> {
     Confirm { show: &'p str, token: &'p str },
     Seat { show: &'p str, seat: &'p str },
     Seats { show: &'p str },
+    Events { show: &'p str },
+    Ui { show: &'p str },
     Unknown,
 }
 
@@ -80,6 +82,8 @@ impl<'p> Route<'p> {
             ["v1", "shows", show, "holds", token, "confirm"] => Self::Confirm { show, token },
             ["v1", "shows", show, "seats", seat] => Self::Seat { show, seat },
             ["v1", "shows", show, "seats"] => Self::Seats { show },
+            ["v1", "shows", show, "events"] => Self::Events { show },
+            ["ui", "shows", show] => Self::Ui { show },
             _ => Self::Unknown,
         }
     }
@@ -98,6 +102,8 @@ impl<'p> Route<'p> {
             Self::Confirm { .. } => "/v1/shows/{show}/holds/{token}/confirm",
             Self::Seat { .. } => "/v1/shows/{show}/seats/{seat}",
             Self::Seats { .. } => "/v1/shows/{show}/seats",
+            Self::Events { .. } => "/v1/shows/{show}/events",
+            Self::Ui { .. } => "/ui/shows/{show}",
             Self::Unknown => "unmatched",
         }
     }
@@ -111,7 +117,9 @@ impl<'p> Route<'p> {
             | Self::Extend { show, .. }
             | Self::Confirm { show, .. }
             | Self::Seat { show, .. }
-            | Self::Seats { show } => Some(show),
+            | Self::Seats { show }
+            | Self::Events { show }
+            | Self::Ui { show } => Some(show),
             Self::Healthz | Self::Readyz | Self::Metrics | Self::MultiHold | Self::Unknown => None,
         }
     }
@@ -120,7 +128,11 @@ impl<'p> Route<'p> {
     fn methods(&self) -> &'static [Method] {
         match self {
             Self::Healthz | Self::Readyz => &[Method::GET, Method::HEAD],
-            Self::Metrics | Self::Seat { .. } | Self::Seats { .. } => &[Method::GET],
+            Self::Metrics
+            | Self::Seat { .. }
+            | Self::Seats { .. }
+            | Self::Events { .. }
+            | Self::Ui { .. } => &[Method::GET],
             Self::Hold { .. } => &[Method::GET, Method::DELETE],
             Self::MultiHold
             | Self::ShowHolds { .. }
@@ -150,7 +162,7 @@ impl<'p> Route<'p> {
     pub fn is_api(&self) -> bool {
         !matches!(
             self,
-            Self::Healthz | Self::Readyz | Self::Metrics | Self::Unknown
+            Self::Healthz | Self::Readyz | Self::Metrics | Self::Ui { .. } | Self::Unknown
         )
     }
 }

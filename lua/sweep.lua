@@ -1,0 +1,35 @@
+-- sweep.lua: write the `expired` event of every hold of one show whose time
+-- ran out, exactly once.
+--
+-- KEYS[1]  the show's deadline index: "<ref> <fence> <seats>" scored with
+--          the hold's expiry (ms, Redis's clock); hold.lua and extend.lua
+--          add to it, release.lua, confirm.lua and abandon.lua remove
+-- KEYS[2]  the show's event stream
+-- ARGV[1]  approximate length cap of the stream
+-- ARGV[2]  most holds to expire in one run
+--
+-- Each due entry is removed and its event appended in this one script, with
+-- Redis's clock deciding what is due: two instances sweeping the same show
+-- can never both write an expiry, and one that was not replicated before a
+-- failover is still in the new master's index, so it is written there.
+--
+-- Returns {written, next_ms}: the events written, and the time until the
+-- next deadline of the show (0 when more are due now, -1 when none is left).
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
+local written = 0
+for i = 1, #due, 2 do
+  local ref, fence, seats = string.match(due[i], '^(%S+) (%d+) (.*)$')
+  redis.call('ZREM', KEYS[1], due[i])
+  if ref then
+    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*',
+      't', 'expired', 'r', ref, 's', seats, 'f', fence, 'x', due[i + 1])
+    written = written + 1
+  end
+end
+local next = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #next == 0 then
+  return {written, -1}
+end
+return {written, math.max(tonumber(next[2]) - now, 0)}

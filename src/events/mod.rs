@@ -1,0 +1,252 @@
+//! Events: every transition of a hold, written by the hold scripts to the
+//! show's Redis Stream in the same step as the transition (see
+//! `lua/hold.lua`), read back here.
+//!
+//! - [`sweep`]: `expired` events, exactly once, from each show's deadline
+//!   index (`lua/sweep.lua`); keyspace notifications only wake it early.
+//! - [`hub`]: one Redis reader per show per instance, fanned out to every
+//!   subscriber of the show on this instance.
+//! - [`sse`]: the Server-Sent Events body of `GET /v1/shows/{show}/events`.
+//!
+//! An entry's fields are short (`t` type, `r` hold ref, `s` seats, `f` fence,
+//! `l` TTL, `x` expiry); this module turns them into the contract's JSON.
+
+use std::sync::Arc;
+
+use redis::Value;
+use serde::Serialize;
+
+use crate::cluster::{Cluster, Deadline};
+use crate::error::Error;
+use crate::ids::ShowId;
+use crate::keys::KeySpace;
+use crate::model::iso_millis;
+
+pub mod hub;
+pub mod sse;
+pub mod sweep;
+
+/// Most events one poll may ask for.
+pub const MAX_LIMIT: usize = 1000;
+
+/// A stream id, `<ms>-<seq>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EventId {
+    pub ms: u64,
+    pub seq: u64,
+}
+
+impl EventId {
+    /// Before every event.
+    pub const ZERO: Self = Self { ms: 0, seq: 0 };
+
+    /// Parses `<ms>-<seq>` (or `<ms>`, as `<ms>-0`).
+    pub fn parse(raw: &str) -> Option<Self> {
+        let (ms, seq) = raw.split_once('-').unwrap_or((raw, "0"));
+        Some(Self {
+            ms: ms.parse().ok()?,
+            seq: seq.parse().ok()?,
+        })
+    }
+
+    /// The fence of the hold whose `held` event has this id (see
+    /// `lua/hold.lua`): ms x 1000 + sequence.
+    pub fn fence(self) -> i64 {
+        i64::try_from(self.ms * 1000 + self.seq).unwrap_or(i64::MAX)
+    }
+}
+
+impl std::fmt::Display for EventId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.ms, self.seq)
+    }
+}
+
+/// One event, as the API answers it.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub show: ShowId,
+    pub seats: Vec<String>,
+    pub hold_ref: String,
+    pub fence: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    pub at: String,
+    /// The parsed id, for ordering and delivery times.
+    #[serde(skip)]
+    pub event_id: EventId,
+}
+
+impl Event {
+    /// An XRANGE/XREAD entry `[id, [field, value, ...]]` of `show`'s stream.
+    pub fn from_entry(show: &ShowId, entry: &Value) -> Option<Self> {
+        let Value::Array(parts) = entry else {
+            return None;
+        };
+        let [id, Value::Array(fields)] = parts.as_slice() else {
+            return None;
+        };
+        let id = text(id)?;
+        let event_id = EventId::parse(&id)?;
+        let get = |name: &str| {
+            fields
+                .chunks_exact(2)
+                .find(|kv| text(&kv[0]).as_deref() == Some(name))
+                .and_then(|kv| text(&kv[1]))
+        };
+        let kind = get("t")?;
+        let hold_ref = get("r").unwrap_or_default();
+        let seats = get("s")
+            .map(|s| {
+                s.split(' ')
+                    .filter(|x| !x.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let at_ms = i64::try_from(event_id.ms).ok()?;
+        // A `held` event's fence and expiry come from its id: the script
+        // could not know the id before it wrote the entry.
+        let (fence, expires_ms) = match kind.as_str() {
+            "held" => (
+                event_id.fence(),
+                get("l")
+                    .and_then(|l| l.parse::<i64>().ok())
+                    .map(|l| at_ms + l),
+            ),
+            _ => (
+                get("f").and_then(|f| f.parse().ok()).unwrap_or(0),
+                get("x").and_then(|x| x.parse::<i64>().ok()),
+            ),
+        };
+        Some(Self {
+            id,
+            kind,
+            show: show.clone(),
+            seats,
+            hold_ref,
+            fence,
+            expires_at: expires_ms.map(iso_millis),
+            at: iso_millis(at_ms),
+            event_id,
+        })
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// A page of events: `{"events":[…],"next":"<id>"}`.
+#[derive(Debug, Serialize)]
+pub struct Page {
+    pub events: Vec<Event>,
+    pub next: String,
+}
+
+/// Where a reader starts: after a given event, or after the newest.
+#[derive(Debug, Clone, Copy)]
+pub enum Cursor {
+    After(EventId),
+    Newest,
+}
+
+/// Reads up to `limit` events of `show` after `cursor`, and the stream's
+/// newest id: 410 `events_expired` when some after the cursor were trimmed
+/// away.
+pub async fn read(
+    cluster: &Cluster,
+    keys: &KeySpace,
+    deadline: &Deadline,
+    show: &ShowId,
+    cursor: Cursor,
+    limit: usize,
+) -> Result<(Vec<Event>, EventId), Error> {
+    let stream = [keys.events(show)];
+    let from = match cursor {
+        Cursor::After(id) => id.to_string(),
+        Cursor::Newest => "$".to_owned(),
+    };
+    let reply: Vec<Value> = cluster
+        .eval(deadline, &cluster.scripts().events, &stream, |c| {
+            c.arg(&from).arg(limit);
+        })
+        .await?;
+    match reply.as_slice() {
+        [Value::Int(0)] => Err(Error::EventsExpired),
+        [Value::Int(1), Value::Array(entries), newest] => {
+            let newest = text(newest)
+                .and_then(|id| EventId::parse(&id))
+                .unwrap_or(EventId::ZERO);
+            let events = entries
+                .iter()
+                .filter_map(|e| Event::from_entry(show, e))
+                .collect();
+            Ok((events, newest))
+        }
+        _ => Err(Error::Internal(format!(
+            "unexpected reply of events.lua: {reply:?}"
+        ))),
+    }
+}
+
+/// The event machinery of one daemon: the sweeper and the per-show hub.
+pub struct Events {
+    pub sweeper: Arc<sweep::Sweeper>,
+    pub hub: Arc<hub::Hub>,
+    /// How often an SSE stream without events sends a comment line.
+    pub heartbeat: std::time::Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn ids_and_fences() {
+        let id = EventId::parse("1764504000000-7").expect("id");
+        assert_eq!(id.fence(), 1_764_504_000_000_007);
+        assert_eq!(id.to_string(), "1764504000000-7");
+        assert_eq!(EventId::parse("5"), Some(EventId { ms: 5, seq: 0 }));
+        assert!(EventId::parse("x-1").is_none());
+        assert!(EventId::parse("1764504000000-7") > EventId::parse("1764504000000-6"));
+    }
+
+    #[test]
+    fn held_entry_becomes_the_contract_json() {
+        let show = ShowId::parse("42").expect("show");
+        let entry = Value::Array(vec![
+            bulk("1764504000000-17"),
+            Value::Array(vec![
+                bulk("t"),
+                bulk("held"),
+                bulk("r"),
+                bulk("9f86d081884c7d65"),
+                bulk("s"),
+                bulk("E7 E8"),
+                bulk("l"),
+                bulk("300000"),
+            ]),
+        ]);
+        let e = Event::from_entry(&show, &entry).expect("event");
+        let json = serde_json::to_value(&e).expect("json");
+        assert_eq!(
+            json,
+            serde_json::json!({"id":"1764504000000-17","type":"held","show":"42",
+                "seats":["E7","E8"],"holdRef":"9f86d081884c7d65","fence":1_764_504_000_000_017_i64,
+                "expiresAt":"2025-11-30T12:05:00.000Z","at":"2025-11-30T12:00:00.000Z"})
+        );
+    }
+}

@@ -1,0 +1,210 @@
+//! The Server-Sent Events body of `GET /v1/shows/{show}/events`.
+//!
+//! A subscriber first gets what it missed (after its `Last-Event-ID` or
+//! `?after=`, read from Redis in pages), then the show's live events from
+//! this instance's one reader of the show ([`super::hub`]), each once and in
+//! order. A comment line every heartbeat keeps proxies from closing an idle
+//! stream. The body is fed through a small bounded channel: a client that
+//! stops reading fills it and is disconnected, as is one that falls more
+//! than [`super::hub::BUFFER`] events behind the reader, so the daemon's
+//! memory stays bounded whatever its clients do.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use tokio::sync::{broadcast, mpsc, watch};
+
+use super::hub::Feed;
+use super::{read, Cursor, Event, EventId, Events};
+use crate::cluster::Cluster;
+use crate::error::Error;
+use crate::ids::ShowId;
+use crate::keys::KeySpace;
+use crate::metrics as m;
+
+/// Frames a client may have unread before it is disconnected.
+const CLIENT_BUFFER: usize = 64;
+
+/// A page of what a resuming client missed.
+const PAGE: usize = 1000;
+
+/// The response body of an SSE subscription.
+pub type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// What one subscription needs.
+pub struct Subscription {
+    pub cluster: Arc<Cluster>,
+    pub keys: KeySpace,
+    pub show: ShowId,
+    /// Turns true when the server closes: the stream ends.
+    pub closing: watch::Receiver<bool>,
+}
+
+/// Subscribes to `sub.show` from `cursor`. Fails (410 `events_expired`, or
+/// 503) before any byte is sent, so the status can still say so.
+pub async fn subscribe(events: &Events, sub: Subscription, cursor: Cursor) -> Result<Body, Error> {
+    let (live, feed) = events.hub.subscribe(&sub.show);
+    wait_started(&sub.cluster, feed).await?;
+    let deadline = sub.cluster.deadline();
+    let (first, newest) = read(&sub.cluster, &sub.keys, &deadline, &sub.show, cursor, PAGE).await?;
+    let start = match cursor {
+        Cursor::After(id) => id,
+        Cursor::Newest => newest,
+    };
+    let (tx, rx) = mpsc::channel::<Bytes>(CLIENT_BUFFER);
+    tokio::spawn(feed_client(sub, events.heartbeat, live, first, start, tx));
+    let frames = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|bytes| (Ok::<_, Infallible>(Frame::data(bytes)), rx))
+    });
+    Ok(StreamBody::new(frames).boxed_unsync())
+}
+
+/// Waits until the show's reader has pinned its start (see [`Feed`]).
+async fn wait_started(cluster: &Cluster, mut feed: Feed) -> Result<(), Error> {
+    cluster
+        .deadline()
+        .within(async {
+            feed.started
+                .wait_for(|started| *started)
+                .await
+                .map(|_| ())
+                .map_err(|_| Error::Internal("the event reader ended".into()))
+        })
+        .await
+}
+
+/// Counts a subscriber while alive.
+struct Subscribed;
+
+impl Subscribed {
+    fn new() -> Self {
+        metrics::gauge!(m::EVENT_SUBSCRIBERS).increment(1.0);
+        Self
+    }
+}
+
+impl Drop for Subscribed {
+    fn drop(&mut self) {
+        metrics::gauge!(m::EVENT_SUBSCRIBERS).decrement(1.0);
+    }
+}
+
+/// Why a client's stream ended.
+enum End {
+    /// The client left, or the server closes.
+    Gone,
+    /// It fell too far behind.
+    TooSlow,
+}
+
+/// Writes the missed events (`first`, then further pages), then the live
+/// ones, to one client.
+async fn feed_client(
+    mut sub: Subscription,
+    heartbeat: Duration,
+    mut live: broadcast::Receiver<Arc<Event>>,
+    first: Vec<Event>,
+    start: EventId,
+    tx: mpsc::Sender<Bytes>,
+) {
+    let _subscribed = Subscribed::new();
+    let mut cursor = start;
+    let end = async {
+        // A comment first: the client sees the stream open at once.
+        send(&tx, Bytes::from_static(b": seathold events\n\n")).await?;
+        let mut page = first;
+        loop {
+            let full = page.len() == PAGE;
+            for event in &page {
+                send(&tx, frame(event)).await?;
+                cursor = event.event_id;
+            }
+            if !full {
+                break;
+            }
+            let deadline = sub.cluster.deadline();
+            page = match read(
+                &sub.cluster,
+                &sub.keys,
+                &deadline,
+                &sub.show,
+                Cursor::After(cursor),
+                PAGE,
+            )
+            .await
+            {
+                Ok((page, _)) => page,
+                Err(_) => return Err(End::Gone),
+            };
+        }
+        let mut beat = tokio::time::interval(heartbeat);
+        beat.tick().await;
+        loop {
+            tokio::select! {
+                event = live.recv() => match event {
+                    Ok(event) if event.event_id > cursor => {
+                        cursor = event.event_id;
+                        let bytes = frame(&event);
+                        // A full buffer: the client stopped reading.
+                        tx.try_send(bytes).map_err(|e| match e {
+                            mpsc::error::TrySendError::Full(_) => End::TooSlow,
+                            mpsc::error::TrySendError::Closed(_) => End::Gone,
+                        })?;
+                        delivered(&event);
+                    }
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => return Err(End::TooSlow),
+                    Err(broadcast::error::RecvError::Closed) => return Err(End::Gone),
+                },
+                _ = beat.tick() => send(&tx, Bytes::from_static(b": keep-alive\n\n")).await?,
+                () = closed(&mut sub.closing) => return Err(End::Gone),
+                _ = tx.closed() => return Err(End::Gone),
+            }
+        }
+    };
+    let result: Result<(), End> = end.await;
+    if let Err(End::TooSlow) = result {
+        metrics::counter!(m::EVENT_SUBSCRIBERS_DROPPED).increment(1);
+        tracing::debug!(show = %sub.show, "event subscriber too slow; disconnected");
+    }
+}
+
+/// Completes when `closing` turns true (or its sender is gone).
+async fn closed(closing: &mut watch::Receiver<bool>) {
+    let _ = closing.wait_for(|c| *c).await;
+}
+
+/// Sends `bytes`, waiting a little for a slow client, never for long.
+async fn send(tx: &mpsc::Sender<Bytes>, bytes: Bytes) -> Result<(), End> {
+    match tokio::time::timeout(Duration::from_secs(5), tx.send(bytes)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(End::Gone),
+        Err(_) => Err(End::TooSlow),
+    }
+}
+
+/// One SSE frame: `id`, `event` and `data` lines.
+fn frame(event: &Event) -> Bytes {
+    let data = serde_json::to_string(event).unwrap_or_default();
+    Bytes::from(format!(
+        "id: {}\nevent: {}\ndata: {data}\n\n",
+        event.id, event.kind
+    ))
+}
+
+/// Records the time from the event (its id's ms, Redis's clock) to now.
+fn delivered(event: &Event) {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let seconds = now_ms.saturating_sub(event.event_id.ms) as f64 / 1000.0;
+    metrics::histogram!(m::EVENT_DELIVERY).record(seconds);
+}

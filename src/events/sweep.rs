@@ -1,0 +1,225 @@
+//! `expired` events, exactly once, within a second of the TTL.
+//!
+//! Every live hold is in its shows' deadline indexes (sorted sets scored with
+//! its expiry, written by the same script as the hold). [`Sweeper`] runs
+//! `lua/sweep.lua` for a show when its next deadline has passed; the script
+//! removes each due entry and appends its event in one step, with Redis's
+//! clock deciding what is due, so two instances can never both write one.
+//!
+//! Which shows to sweep, and when, comes from three places: this instance's
+//! own holds and extends (their deadlines), Redis's keyspace notifications of
+//! expired hold records (a hint, node-local and possibly late, that covers
+//! the holds other instances made), and a scan of every master for deadline
+//! indexes at start and every [`SCAN_EVERY`] (which covers a restart of every
+//! instance). A hold that expires while no instance runs gets its event when
+//! one starts.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+use crate::cluster::Cluster;
+use crate::ids::ShowId;
+use crate::keys::KeySpace;
+use crate::metrics as m;
+
+/// How often every master is scanned for deadline indexes.
+pub const SCAN_EVERY: Duration = Duration::from_secs(10);
+
+/// Most holds one sweep expires (the next sweep follows at once).
+const BATCH: usize = 200;
+
+/// Shows swept at once.
+const PARALLEL: usize = 8;
+
+/// Sweeps the deadline indexes of the shows that have some.
+pub struct Sweeper {
+    cluster: Arc<Cluster>,
+    keys: KeySpace,
+    max_len: u64,
+    /// When each known show's next deadline passes (local clock).
+    due: Mutex<HashMap<ShowId, Instant>>,
+    wake: Notify,
+}
+
+impl Sweeper {
+    pub fn new(cluster: Arc<Cluster>, keys: KeySpace, max_len: u64) -> Arc<Self> {
+        Arc::new(Self {
+            cluster,
+            keys,
+            max_len,
+            due: Mutex::new(HashMap::new()),
+            wake: Notify::new(),
+        })
+    }
+
+    /// `show` has a deadline `in_ms` from now (or earlier): sweep it then.
+    pub fn schedule(&self, show: &ShowId, in_ms: u64) {
+        let at = Instant::now() + Duration::from_millis(in_ms);
+        let mut due = self.lock();
+        let entry = due.entry(show.clone()).or_insert(at);
+        if at < *entry {
+            *entry = at;
+        }
+        metrics::gauge!(m::SWEPT_SHOWS).set(due.len() as f64);
+        drop(due);
+        self.wake.notify_one();
+    }
+
+    /// A hint that `show` may have a deadline due now (an expired hold
+    /// record seen in a keyspace notification, or a scan).
+    pub fn hint(&self, show: &str) {
+        if let Ok(show) = ShowId::parse(show) {
+            self.schedule(&show, 0);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ShowId, Instant>> {
+        // One map operation per lock: a poisoned lock guards a whole map.
+        self.due
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Sweeps until `stop` turns true, and scans the masters now and then.
+    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let mut next_scan = Instant::now();
+        loop {
+            if Instant::now() >= next_scan && self.cluster.topology().covered_slots() > 0 {
+                self.scan().await;
+                next_scan = Instant::now() + SCAN_EVERY;
+            }
+            let ready: Vec<ShowId> = {
+                let now = Instant::now();
+                let due = self.lock();
+                due.iter()
+                    .filter(|(_, at)| **at <= now)
+                    .map(|(show, _)| show.clone())
+                    .take(PARALLEL)
+                    .collect()
+            };
+            let swept = futures_util::future::join_all(ready.iter().map(|s| self.sweep(s))).await;
+            for (show, next) in ready.iter().zip(swept) {
+                let mut due = self.lock();
+                match next {
+                    Some(ms) => {
+                        due.insert(show.clone(), Instant::now() + Duration::from_millis(ms));
+                    }
+                    None => {
+                        due.remove(show);
+                    }
+                }
+                metrics::gauge!(m::SWEPT_SHOWS).set(due.len() as f64);
+            }
+            let sleep_until = {
+                let due = self.lock();
+                due.values()
+                    .min()
+                    .copied()
+                    .unwrap_or_else(|| Instant::now() + Duration::from_secs(1))
+                    .min(next_scan)
+            };
+            tokio::select! {
+                _ = tokio::time::sleep_until(sleep_until) => {}
+                _ = self.wake.notified() => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+    }
+
+    /// One sweep of `show`: answers when to sweep it next (ms), or `None`
+    /// when its index is empty.
+    async fn sweep(&self, show: &ShowId) -> Option<u64> {
+        let keys = [self.keys.deadlines(show), self.keys.events(show)];
+        let deadline = self.cluster.deadline();
+        let script = &self.cluster.scripts().sweep;
+        let reply: Result<Vec<i64>, _> = self
+            .cluster
+            .eval(&deadline, script, &keys, |c| {
+                c.arg(self.max_len).arg(BATCH);
+            })
+            .await;
+        match reply.as_deref() {
+            Ok([written, next]) => {
+                if *written > 0 {
+                    let n = u64::try_from(*written).unwrap_or(0);
+                    metrics::counter!(m::HOLD_EXPIRIES).increment(n);
+                    metrics::counter!(m::EVENTS, "type" => "expired").increment(n);
+                }
+                // A few ms late rather than early: the local clock and
+                // Redis's may differ by the round trip.
+                u64::try_from(*next).ok().map(|ms| ms + 5)
+            }
+            Ok(other) => {
+                tracing::error!(reply = ?other, "unexpected reply of sweep.lua");
+                Some(1_000)
+            }
+            Err(err) => {
+                metrics::counter!(m::SWEEP_FAILURES).increment(1);
+                tracing::debug!(%show, error = %err, "sweep failed; retrying");
+                Some(250)
+            }
+        }
+    }
+
+    /// Finds every show with a deadline index on every master.
+    async fn scan(&self) {
+        let pattern = format!("{}{{show:*}}#deadlines", glob_escape(self.keys.prefix()));
+        for master in self.cluster.topology().masters.clone() {
+            if let Err(err) = self.scan_master(&master, &pattern).await {
+                tracing::debug!(%master, error = %err, "scan for deadline indexes failed");
+            }
+        }
+    }
+
+    async fn scan_master(&self, master: &str, pattern: &str) -> Result<(), crate::error::Error> {
+        let client = self.cluster.node_client(master)?;
+        let deadline = crate::cluster::Deadline::after(self.cluster.timeout());
+        let mut conn = deadline
+            .within(async { Ok(client.get_multiplexed_async_connection().await?) })
+            .await?;
+        let mut cursor = 0u64;
+        loop {
+            let page = async {
+                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .arg("TYPE")
+                    .arg("zset")
+                    .query_async(&mut conn)
+                    .await?;
+                Ok((next, keys))
+            };
+            let (next, keys) = crate::cluster::Deadline::after(self.cluster.timeout())
+                .within(page)
+                .await?;
+            for key in keys {
+                if let Some(show) = self.keys.parse_deadlines(&key) {
+                    self.hint(show);
+                }
+            }
+            if next == 0 {
+                return Ok(());
+            }
+            cursor = next;
+        }
+    }
+}
+
+/// `prefix` with the glob characters of SCAN's MATCH escaped.
+fn glob_escape(prefix: &str) -> String {
+    let mut out = String::with_capacity(prefix.len());
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
