@@ -353,6 +353,103 @@ async fn stale_token_changes_nothing() {
     assert!(pttl > 290_000, "Bob's TTL untouched: {pttl}");
 }
 
+/// `PEXPIRETIME` of `key`: its absolute expiry in Unix ms (-1: none, -2: no
+/// key). Unlike `PTTL` it does not move with time, so equal means untouched.
+async fn expire_time(r: &mut redis::cluster_async::ClusterConnection, key: &str) -> i64 {
+    redis::cmd("PEXPIRETIME")
+        .arg(key)
+        .query_async(r)
+        .await
+        .expect("PEXPIRETIME")
+}
+
+/// The per-seat token checks of extend.lua, confirm.lua and release.lua,
+/// with Alice's hold record still alive: Alice holds E7 and E8, then E7 is
+/// given to Bob behind her back (a raw `SET` of Bob's token that keeps the
+/// TTL, as the reference design's client or an expiry-and-rehold race would
+/// leave it). Alice's extend and confirm must change nothing at all; her
+/// release frees only E8, which still carries her token.
+#[tokio::test]
+async fn a_live_hold_whose_seat_was_taken_over_changes_nothing_of_it() {
+    let s = server().await;
+    let sh = show("takeover");
+    let alice = s.hold(&sh, &["E7", "E8"]).await;
+    let alice = token(&alice);
+    let (e7, e8) = (
+        format!("seat-hold:{{show:{sh}}}:E7"),
+        format!("seat-hold:{{show:{sh}}}:E8"),
+    );
+    let mut r = redis().await;
+    let bob = uuid::Uuid::new_v4().to_string();
+    let () = redis::cmd("SET")
+        .arg(&e7)
+        .arg(&bob)
+        .arg("KEEPTTL")
+        .query_async(&mut r)
+        .await
+        .expect("SET E7 to Bob");
+    let (e7_expiry, e8_expiry) = (
+        expire_time(&mut r, &e7).await,
+        expire_time(&mut r, &e8).await,
+    );
+    assert!(e7_expiry > 0 && e8_expiry > 0, "{e7_expiry} {e8_expiry}");
+    // Past the millisecond, so that a PEXPIRE would show in PEXPIRETIME.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+
+    let (status, body) = s
+        .post(
+            &format!("/v1/shows/{sh}/holds/{alice}/extend"),
+            json!({"ttlMs": 900_000}),
+        )
+        .await;
+    common::assert_error(status, &body, 404, "hold_not_found");
+    let e7_value: Option<String> = r.get(&e7).await.expect("GET E7");
+    assert_eq!(e7_value.as_deref(), Some(bob.as_str()), "E7 is Bob's still");
+    assert_eq!(expire_time(&mut r, &e7).await, e7_expiry, "E7's TTL moved");
+    assert_eq!(expire_time(&mut r, &e8).await, e8_expiry, "E8 was extended");
+
+    let (status, body) = s
+        .call(
+            "POST",
+            &format!("/v1/shows/{sh}/holds/{alice}/confirm"),
+            None,
+        )
+        .await;
+    common::assert_error(status, &body, 404, "hold_not_found");
+    let sale: bool = r
+        .exists(format!("seat-hold:{{show:{sh}}}#sale:{alice}"))
+        .await
+        .expect("EXISTS");
+    let e8_value: Option<String> = r.get(&e8).await.expect("GET E8");
+    assert_eq!(e8_value.as_deref(), Some(alice.as_str()), "E8 was sold");
+    assert!(!sale, "a sale record was written");
+    let e7_value: Option<String> = r.get(&e7).await.expect("GET E7");
+    assert_eq!(e7_value.as_deref(), Some(bob.as_str()), "E7 was sold");
+    assert_eq!(expire_time(&mut r, &e7).await, e7_expiry, "E7's TTL moved");
+    assert_eq!(expire_time(&mut r, &e8).await, e8_expiry, "E8's TTL moved");
+    let (_, states) = s.get(&format!("/v1/shows/{sh}/seats?ids=E7,E8")).await;
+    assert_eq!(states["seats"]["E7"]["state"], "held", "{states}");
+    assert_eq!(states["seats"]["E8"]["state"], "held", "{states}");
+    // The hold is still Alice's to read: nothing of it changed.
+    let (status, read) = s.get(&format!("/v1/shows/{sh}/holds/{alice}")).await;
+    assert_eq!(status, 200, "{read}");
+
+    let (status, body) = s
+        .call("DELETE", &format!("/v1/shows/{sh}/holds/{alice}"), None)
+        .await;
+    assert_eq!((status, body), (204, Value::Null));
+    let e7_value: Option<String> = r.get(&e7).await.expect("GET E7");
+    assert_eq!(e7_value, Some(bob), "E7 is Bob's still");
+    assert_eq!(expire_time(&mut r, &e7).await, e7_expiry, "E7's TTL moved");
+    let e8_exists: bool = r.exists(&e8).await.expect("EXISTS E8");
+    assert!(!e8_exists, "E8, still Alice's, is released");
+    let record: bool = r
+        .exists(format!("seat-hold:{{show:{sh}}}#hold:{alice}"))
+        .await
+        .expect("EXISTS");
+    assert!(!record, "the hold record is gone");
+}
+
 #[tokio::test]
 async fn interop_with_raw_set_nx_px() {
     let s = server().await;
