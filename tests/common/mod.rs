@@ -410,9 +410,22 @@ fn lock() -> &'static tokio::sync::RwLock<()> {
     &LOCK
 }
 
-/// Runs alone in its binary: see [`lock`].
+/// Runs alone in its binary: see [`lock`]. Starts from a healthy cluster
+/// even when an earlier exclusive test failed before healing it: paused
+/// nodes are resumed and killed nodes restarted first.
 pub async fn exclusive() -> tokio::sync::RwLockWriteGuard<'static, ()> {
-    lock().write().await
+    let guard = lock().write().await;
+    let nodes = cluster().nodes();
+    let paused: Vec<u16> = nodes.iter().filter(|n| n.paused).map(|n| n.port).collect();
+    let killed: Vec<u16> = nodes
+        .iter()
+        .filter(|n| n.pid.is_none())
+        .map(|n| n.port)
+        .collect();
+    if !paused.is_empty() || !killed.is_empty() {
+        heal(&paused, &killed).await;
+    }
+    guard
 }
 
 /// Runs beside other shared tests, never beside an exclusive one.
@@ -460,4 +473,105 @@ where
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A `seathold serve` process of the real binary against the test cluster;
+/// killed (SIGKILL) when dropped if it is still running.
+pub struct Daemon {
+    pub child: std::process::Child,
+    pub addr: SocketAddr,
+    pub base: String,
+}
+
+impl Daemon {
+    /// Starts `seathold serve` on a free port with `extra` flags and waits
+    /// until its `/readyz` answers 200.
+    pub async fn start(extra: &[&str]) -> Daemon {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_seathold"))
+            .arg("serve")
+            .args(["--listen", &addr.to_string()])
+            .args(["--redis-nodes", &cluster().seed_urls().join(",")])
+            .args(extra)
+            .env(
+                "SEATHOLD_LOG",
+                std::env::var("DBG_LOG").unwrap_or("warn".into()),
+            )
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn seathold");
+        let daemon = Daemon {
+            child,
+            addr,
+            base: format!("http://{addr}"),
+        };
+        wait_readyz(
+            &reqwest::Client::new(),
+            &daemon.base,
+            200,
+            Duration::from_secs(30),
+        )
+        .await;
+        daemon
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `sig` (e.g. "TERM") with the shell's kill builtin: no procps
+    /// needed.
+    pub fn signal(&self, sig: &str) {
+        let pid = self.pid();
+        let ok = std::process::Command::new("/bin/sh")
+            .args(["-c", &format!("kill -{sig} {pid}")])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{sig} {pid}");
+    }
+
+    /// Waits for the process to exit, up to `limit`; answers its exit code
+    /// (None: still running, or killed by a signal).
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        None
+    }
+
+    /// The `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.base))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Parses Prometheus text into `name{labels}` -> value.
+pub fn scrape(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_owned(), value.parse().ok()?))
+        })
+        .collect()
 }
