@@ -65,7 +65,9 @@ struct ShowHoldBody {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct MultiHoldBody {
-    seats: Vec<SeatRef>,
+    /// Objects only: read as `SeatRef` directly, serde would also take a
+    /// `["show", "seat"]` array (see `json_body`).
+    seats: Vec<serde_json::Map<String, serde_json::Value>>,
     #[serde(default)]
     ttl_ms: Option<serde_json::Value>,
 }
@@ -289,13 +291,19 @@ where
     match *route {
         Route::MultiHold => {
             let body: MultiHoldBody = json_body(app, head, body, true).await?;
-            let Some(home) = body.seats.first().map(|s| s.show.clone()) else {
+            let seats = body
+                .seats
+                .into_iter()
+                .map(|s| serde_json::from_value::<SeatRef>(serde_json::Value::Object(s)))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| Error::InvalidRequest(format!("invalid JSON body: {e}")))?;
+            let Some(home) = seats.first().map(|s| s.show.clone()) else {
                 return Err(Error::InvalidRequest(
                     "seats must name at least one seat".into(),
                 ));
             };
             let hold = svc
-                .hold(&home, Seats::Multi(body.seats), ttl(body.ttl_ms)?)
+                .hold(&home, Seats::Multi(seats), ttl(body.ttl_ms)?)
                 .await?;
             Ok(json(StatusCode::CREATED, &hold))
         }
@@ -452,6 +460,14 @@ where
     }
     if is_json != Some(true) {
         return Err(Error::UnsupportedMediaType);
+    }
+    // serde also reads a struct from a JSON array of its fields in order
+    // (`[["E7"], 60000]`, or `[]` for a body whose fields are optional);
+    // every body of the API is an object.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(Error::InvalidRequest(
+            "the body must be a JSON object".into(),
+        ));
     }
     serde_json::from_slice(&bytes)
         .map_err(|e| Error::InvalidRequest(format!("invalid JSON body: {e}")))
