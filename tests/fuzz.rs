@@ -366,6 +366,20 @@ fn json_value() -> impl Strategy<Value = Value> {
     })
 }
 
+/// `ttlMs` values at and around the edges of the TTL rules.
+fn ttl_value() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        (0u64..3).prop_map(Value::from),
+        (MAX_TTL_MS - 2..MAX_TTL_MS + 3).prop_map(Value::from),
+        (-3i64..0).prop_map(Value::from),
+        Just(serde_json::json!(1.5)),
+        Just(serde_json::json!(60000.0)),
+        Just(serde_json::json!("60000")),
+        Just(Value::Null),
+        any::<u64>().prop_map(Value::from),
+    ]
+}
+
 fn body() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         Just(Vec::new()),
@@ -380,6 +394,17 @@ fn body() -> impl Strategy<Value = Vec<u8>> {
                 .to_string()
                 .into_bytes()
         }),
+        // TTLs around the rules' edges, alone and with seats.
+        (
+            ttl_value(),
+            proptest::option::of(proptest::collection::vec(segment(), 1..4))
+        )
+            .prop_map(|(ttl, seats)| match seats {
+                Some(seats) => serde_json::json!({ "seats": seats, "ttlMs": ttl }),
+                None => serde_json::json!({ "ttlMs": ttl }),
+            }
+            .to_string()
+            .into_bytes()),
         proptest::collection::vec(segment(), 0..30).prop_map(|seats| {
             serde_json::json!({ "seats": seats })
                 .to_string()
@@ -437,6 +462,137 @@ proptest! {
             Expect::Refused(allowed) => prop_assert!(allowed.contains(&got), "refused by {allowed:?}: {why}"),
             Expect::Reaches => prop_assert_eq!(got, (503, "redis_unavailable"), "valid: {}", why),
             Expect::Any => {}
+        }
+    }
+}
+
+/// Ids at and around the edges of the id rule.
+fn id_value() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => "[A-Za-z0-9_.-]{1,8}",
+        1 => "[A-Za-z0-9_.-]{63,66}",
+        1 => Just(String::new()),
+        2 => ("[A-Za-z0-9]{0,4}", "[:{}/ ,é%\u{0}#?*]", "[A-Za-z0-9]{0,4}")
+            .prop_map(|(a, bad, b)| format!("{a}{bad}{b}")),
+    ]
+}
+
+/// Well-formed requests to the routes that validate ids and TTLs, with ids
+/// and TTLs around the edges of their rules, so that every rule is tried
+/// often at the default number of cases.
+fn rule_request() -> impl Strategy<Value = (&'static str, String, Vec<u8>)> {
+    let ids = || proptest::collection::vec(id_value(), 0..23);
+    fn enc(s: &str) -> String {
+        s.replace('%', "%25").replace(['/', '?', '#', ' '], "%20")
+    }
+    let token = || {
+        prop_oneof![
+            Just("3f0c0000-0000-4000-8000-000000000000".to_owned()),
+            Just("3F0C0000-0000-4000-8000-000000000000".to_owned()),
+            "[a-z0-9-]{1,40}",
+        ]
+    };
+    let ttl = || proptest::option::of(ttl_value());
+    fn with_ttl(mut v: Value, ttl: Option<Value>) -> Vec<u8> {
+        if let Some(ttl) = ttl {
+            v["ttlMs"] = ttl;
+        }
+        v.to_string().into_bytes()
+    }
+    prop_oneof![
+        (id_value(), ids(), ttl()).prop_map(move |(show, seats, ttl)| {
+            let body = with_ttl(serde_json::json!({ "seats": seats }), ttl);
+            ("POST", format!("/v1/shows/{}/holds", enc(&show)), body)
+        }),
+        (id_value(), id_value(), ttl()).prop_map(move |(show, seat, ttl)| {
+            let body = with_ttl(serde_json::json!({}), ttl);
+            (
+                "POST",
+                format!("/v1/shows/{}/seats/{}/hold", enc(&show), enc(&seat)),
+                body,
+            )
+        }),
+        (id_value(), token(), ttl()).prop_map(move |(show, token, ttl)| {
+            let body = with_ttl(serde_json::json!({}), ttl);
+            (
+                "POST",
+                format!("/v1/shows/{}/holds/{token}/extend", enc(&show)),
+                body,
+            )
+        }),
+        (id_value(), token()).prop_map(move |(show, token)| {
+            (
+                "POST",
+                format!("/v1/shows/{}/holds/{token}/confirm", enc(&show)),
+                Vec::new(),
+            )
+        }),
+        (
+            proptest::collection::vec((id_value(), id_value()), 0..23),
+            ttl()
+        )
+            .prop_map(move |(seats, ttl)| {
+                let seats: Vec<Value> = seats
+                    .into_iter()
+                    .map(|(show, seat)| serde_json::json!({ "show": show, "seat": seat }))
+                    .collect();
+                let body = with_ttl(serde_json::json!({ "seats": seats }), ttl);
+                ("POST", "/v1/holds".to_owned(), body)
+            }),
+        (id_value(), id_value()).prop_map(move |(show, seat)| {
+            (
+                "GET",
+                format!("/v1/shows/{}/seats/{}", enc(&show), enc(&seat)),
+                Vec::new(),
+            )
+        }),
+        (id_value(), ids()).prop_map(move |(show, seats)| {
+            let query: String = form_urlencoded::Serializer::new(String::new())
+                .append_pair("ids", &seats.join(","))
+                .finish();
+            (
+                "GET",
+                format!("/v1/shows/{}/seats?{query}", enc(&show)),
+                Vec::new(),
+            )
+        }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(512),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// 400 exactly when the id and TTL rules say so; otherwise the request
+    /// reaches Redis (503 here), is cross-slot (422) or names a token that
+    /// was never issued (404).
+    #[test]
+    fn ids_and_ttls_are_refused_exactly_by_the_rules((method, path, body) in rule_request()) {
+        let Ok(req) = Request::builder()
+            .method(method)
+            .uri(&path)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.clone())))
+        else {
+            return Ok(());
+        };
+        let (rt, app) = app();
+        let (status, bytes) = rt.block_on(async {
+            let resp = seathold::http::handle(Arc::clone(app), req).await;
+            let status = resp.status().as_u16();
+            (status, resp.into_body().collect().await.expect("body").to_bytes())
+        });
+        let answer: Value = serde_json::from_slice(&bytes).expect("every error is JSON");
+        let got = (status, answer["error"].as_str().unwrap_or_default());
+        let why = format!("{method} {path} {:?} -> {status} {answer}", String::from_utf8_lossy(&body));
+        match expected(method, &path, Some("application/json"), &body) {
+            Expect::Exactly(s, c) => prop_assert_eq!(got, (s, c), "{}", why),
+            Expect::Refused(allowed) => prop_assert!(allowed.contains(&got), "refused by {allowed:?}: {why}"),
+            Expect::Reaches => prop_assert_eq!(got, (503, "redis_unavailable"), "valid: {}", why),
+            Expect::Any => prop_assert!(false, "not a rule request: {}", why),
         }
     }
 }
