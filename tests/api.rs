@@ -923,3 +923,112 @@ async fn a_hold_resent_with_its_token_answers_as_the_first_run() {
         );
     }
 }
+
+/// Two `seathold serve` processes on one cluster, each serving part of the
+/// same traffic: every event counter summed over both equals what really
+/// happened (expiries are not part of this; see the API's version 1.1).
+#[tokio::test]
+async fn counters_summed_over_two_instances_are_the_true_figures() {
+    let d = [
+        common::Daemon::start(&[]).await,
+        common::Daemon::start(&[]).await,
+    ];
+    let before = [
+        common::scrape(&d[0].metrics().await),
+        common::scrape(&d[1].metrics().await),
+    ];
+    let http = reqwest::Client::new();
+    let sh = show("two");
+    let call = |i: usize, method: &str, path: String, body: Option<Value>| {
+        let mut req = http.request(
+            reqwest::Method::from_bytes(method.as_bytes()).expect("method"),
+            format!("{}{path}", d[i % 2].base),
+        );
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        async move {
+            let r = req.send().await.expect("request");
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    // 10 holds of 2 seats each, alternating between the instances.
+    let mut tokens = Vec::new();
+    for i in 0..10 {
+        let (status, body) = call(
+            i,
+            "POST",
+            format!("/v1/shows/{sh}/holds"),
+            Some(json!({"seats": [format!("A{i}"), format!("B{i}")]})),
+        )
+        .await;
+        assert_eq!(status, 201, "{body}");
+        tokens.push(token(&body));
+    }
+    // 6 conflicts, each on the instance that did not grant the seat.
+    for i in 0..6 {
+        let (status, body) = call(
+            i + 1,
+            "POST",
+            format!("/v1/shows/{sh}/seats/A{i}/hold"),
+            None,
+        )
+        .await;
+        common::assert_error(status, &body, 409, "seats_taken");
+    }
+    // 3 releases (and 3 stale ones that count nothing).
+    for (i, t) in tokens.iter().enumerate().take(3) {
+        let path = format!("/v1/shows/{sh}/holds/{t}");
+        assert_eq!(call(i + 1, "DELETE", path.clone(), None).await.0, 204);
+        assert_eq!(call(i, "DELETE", path, None).await.0, 404);
+    }
+    // 4 extends.
+    for (i, t) in tokens.iter().enumerate().skip(3).take(4) {
+        let path = format!("/v1/shows/{sh}/holds/{t}/extend");
+        let (status, body) = call(i + 1, "POST", path, Some(json!({"ttlMs": 60000}))).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    // 2 confirms, each repeated on the other instance (idempotent: not a
+    // second sale).
+    for (i, t) in tokens.iter().enumerate().skip(7).take(2) {
+        let path = format!("/v1/shows/{sh}/holds/{t}/confirm");
+        assert_eq!(call(i, "POST", path.clone(), None).await.0, 200);
+        assert_eq!(call(i + 1, "POST", path, None).await.0, 200);
+    }
+    let after = [
+        common::scrape(&d[0].metrics().await),
+        common::scrape(&d[1].metrics().await),
+    ];
+    let summed = |series: &str| -> f64 {
+        (0..2)
+            .map(|i| {
+                after[i].get(series).copied().unwrap_or(0.0)
+                    - before[i].get(series).copied().unwrap_or(0.0)
+            })
+            .sum()
+    };
+    let mut wrong = Vec::new();
+    for (series, truth) in [
+        ("seathold_holds_total", 10.0),
+        ("seathold_seats_held_total", 20.0),
+        ("seathold_hold_conflicts_total", 6.0),
+        ("seathold_releases_total", 3.0),
+        ("seathold_extends_total", 4.0),
+        ("seathold_confirms_total", 2.0),
+    ] {
+        let got = summed(series);
+        if got != truth {
+            wrong.push(format!(
+                "{series}: {got} summed over both instances, {truth} happened"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // Both served: neither instance did all the work.
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        let moved = a.get("seathold_holds_total").copied().unwrap_or(0.0)
+            - b.get("seathold_holds_total").copied().unwrap_or(0.0);
+        assert_eq!(moved, 5.0, "instance {i} granted {moved} holds");
+    }
+}
