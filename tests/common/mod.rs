@@ -98,7 +98,13 @@ pub async fn server_with(opts: Options) -> TestServer {
         stop: Some(stop),
         task: Some(task),
     };
-    server.wait_ready(Duration::from_secs(30)).await;
+    // A client of its own that keeps no connection open afterwards: tests of
+    // connection limits start from none.
+    let probe = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client");
+    wait_readyz(&probe, &server.base, 200, Duration::from_secs(30)).await;
     server
 }
 
