@@ -101,10 +101,7 @@ async fn hold_read_extend_release() {
     let (status, body) = s
         .call("DELETE", &format!("/v1/shows/{sh}/holds/{t}"), None)
         .await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (404, Some("hold_not_found"))
-    );
+    common::assert_error(status, &body, 404, "hold_not_found");
     let (_, seat) = s.get(&format!("/v1/shows/{sh}/seats/E7")).await;
     assert_eq!(seat, json!({"show": sh, "seat": "E7", "state": "free"}));
     let exists: bool = r
@@ -326,20 +323,14 @@ async fn stale_token_changes_nothing() {
     let (status, body) = s
         .call("DELETE", &format!("/v1/shows/{sh}/holds/{alice}"), None)
         .await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (404, Some("hold_not_found"))
-    );
+    common::assert_error(status, &body, 404, "hold_not_found");
     let (status, body) = s
         .post(
             &format!("/v1/shows/{sh}/holds/{alice}/extend"),
             json!({"ttlMs": 1000}),
         )
         .await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (404, Some("hold_not_found"))
-    );
+    common::assert_error(status, &body, 404, "hold_not_found");
     let (status, _) = s
         .post(&format!("/v1/shows/{sh}/holds/{alice}/confirm"), json!({}))
         .await;
@@ -580,7 +571,7 @@ async fn extend_past_lifetime_cap_is_refused_and_changes_nothing() {
             json!({"ttlMs": 3001}),
         )
         .await;
-    assert_eq!((status, body["error"].as_str()), (400, Some("invalid_ttl")));
+    common::assert_error(status, &body, 400, "invalid_ttl");
 }
 
 #[tokio::test]
@@ -682,10 +673,7 @@ async fn confirm_reports_missing_replication_honestly() {
     let (status, body) = s
         .call("POST", &format!("/v1/shows/{sh}/holds/{t}/confirm"), None)
         .await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (503, Some("not_replicated"))
-    );
+    common::assert_error(status, &body, 503, "not_replicated");
 }
 
 #[tokio::test]
@@ -794,11 +782,7 @@ async fn batch_seat_states() {
     ];
     for (path, code) in cases {
         let (status, body) = s.get(&path).await;
-        assert_eq!(
-            (status, body["error"].as_str()),
-            (400, Some(code)),
-            "{path}: {body}"
-        );
+        common::assert_error(status, &body, 400, code);
     }
 }
 
@@ -806,12 +790,9 @@ async fn batch_seat_states() {
 async fn routes_methods_and_probes() {
     let s = server().await;
     let (status, body) = s.get("/nope").await;
-    assert_eq!((status, body["error"].as_str()), (404, Some("not_found")));
+    common::assert_error(status, &body, 404, "not_found");
     let (status, body) = s.get("/v1/shows/42/holds").await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (405, Some("method_not_allowed"))
-    );
+    common::assert_error(status, &body, 405, "method_not_allowed");
     let r = s
         .http
         .put(format!("{}/v1/shows/42/holds/x", s.base))
@@ -824,10 +805,7 @@ async fn routes_methods_and_probes() {
         Some("GET, DELETE")
     );
     let (status, body) = s.call("DELETE", "/v1/holds", None).await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (405, Some("method_not_allowed"))
-    );
+    common::assert_error(status, &body, 405, "method_not_allowed");
     assert_eq!(s.get("/healthz").await.0, 200);
     assert_eq!(s.get("/readyz").await.0, 200);
     let metrics = s.metrics().await;
@@ -836,10 +814,7 @@ async fn routes_methods_and_probes() {
     let (status, body) = s
         .get("/v1/shows/42/holds/3f0c0000-0000-4000-8000-000000000000")
         .await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (404, Some("hold_not_found"))
-    );
+    common::assert_error(status, &body, 404, "hold_not_found");
 }
 
 #[tokio::test]
