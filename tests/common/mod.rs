@@ -503,10 +503,7 @@ impl Daemon {
             .args(["--listen", &addr.to_string()])
             .args(["--redis-nodes", &cluster().seed_urls().join(",")])
             .args(extra)
-            .env(
-                "SEATHOLD_LOG",
-                std::env::var("DBG_LOG").unwrap_or("warn".into()),
-            )
+            .env("SEATHOLD_LOG", "warn")
             .stdin(std::process::Stdio::null())
             .spawn()
             .expect("spawn seathold");
