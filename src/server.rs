@@ -133,8 +133,13 @@ pub async fn run(
         "shutdown requested: /readyz answers 503; draining"
     );
     accept.until(tokio::time::sleep(drain)).await;
+    accept.take_queued();
     drop(accept);
     drop(listener);
+    // hyper closes a connection on which it has read nothing yet as soon as
+    // graceful shutdown starts, even when its request is already on the
+    // wire: give the connections accepted last a moment to be read.
+    tokio::time::sleep(ACCEPTED_LAST_GRACE).await;
 
     // Requests in flight end within the Redis timeout; the margin covers
     // writing their responses.
@@ -151,6 +156,10 @@ pub async fn run(
     tracing::info!("stopped");
     Ok(())
 }
+
+/// How long connections accepted at the end of the drain get to deliver
+/// their request before graceful shutdown closes the ones that sent nothing.
+const ACCEPTED_LAST_GRACE: Duration = Duration::from_millis(100);
 
 /// Limits of the accept loop.
 struct Accept<'a> {
@@ -178,6 +187,30 @@ impl Accept<'_> {
                     }
                 },
                 _ = &mut until => return,
+            }
+        }
+    }
+
+    /// Serves the connections still waiting in the kernel's listen queue.
+    /// The accept loop sees them only after the reactor does, a while
+    /// later; closing the listener now would reset them mid-request.
+    fn take_queued(&self) {
+        #[cfg(unix)]
+        {
+            use std::os::fd::AsFd;
+            // A second descriptor of the same (non-blocking) socket: its
+            // accept answers WouldBlock once the queue is empty.
+            let Ok(fd) = self.listener.as_fd().try_clone_to_owned() else {
+                return;
+            };
+            let queue = std::net::TcpListener::from(fd);
+            while let Ok((stream, peer)) = queue.accept() {
+                if stream.set_nonblocking(true).is_err() {
+                    continue;
+                }
+                if let Ok(stream) = tokio::net::TcpStream::from_std(stream) {
+                    self.serve(stream, peer);
+                }
             }
         }
     }

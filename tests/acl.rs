@@ -50,6 +50,8 @@ async fn install_user() {
 
 #[tokio::test]
 async fn works_as_the_least_privileged_acl_user() {
+    // Alone: every connection that runs a script below must be seathold's.
+    let _alone = common::exclusive().await;
     install_user().await;
     let mut opts = options();
     opts.redis_username = Some("seathold".into());
@@ -96,6 +98,42 @@ async fn works_as_the_least_privileged_acl_user() {
     s.wait_metric("seathold_hold_expiries_total", 1.0, Duration::from_secs(15))
         .await;
 
+    // The scripts ran as that user: on every master, each connection whose
+    // last command was one of the daemon's is authenticated as `seathold`,
+    // and some of them ran scripts.
+    let daemon_commands = [
+        "evalsha",
+        "eval",
+        "evalsha_ro",
+        "eval_ro",
+        "wait",
+        "script|load",
+        "cluster|slots",
+        "cluster|info",
+        "subscribe",
+        "ssubscribe",
+        "ping",
+        "config|get",
+    ];
+    let mut scripts_run = 0;
+    for port in common::master_ports().await {
+        for client in common::client_list(port).await {
+            let cmd = client.get("cmd").map(String::as_str).unwrap_or_default();
+            if daemon_commands.contains(&cmd) {
+                assert_eq!(
+                    client.get("user").map(String::as_str),
+                    Some("seathold"),
+                    "a connection that ran {cmd} on {port}: {client:?}"
+                );
+                scripts_run += usize::from(cmd.starts_with("eval"));
+            }
+        }
+    }
+    assert!(
+        scripts_run > 0,
+        "no connection of user seathold ran a script"
+    );
+
     // The user can do nothing else.
     let mut direct = redis::Client::open(format!(
         "redis://seathold:{PASSWORD}@127.0.0.1:{}",
@@ -121,6 +159,7 @@ async fn works_as_the_least_privileged_acl_user() {
 
 #[tokio::test]
 async fn a_wrong_password_keeps_it_not_ready_and_says_why() {
+    let _shared = common::shared().await;
     install_user().await;
     let mut opts = options();
     opts.redis_username = Some("seathold".into());

@@ -101,10 +101,7 @@ async fn hold_read_extend_release() {
     let (status, body) = s
         .call("DELETE", &format!("/v1/shows/{sh}/holds/{t}"), None)
         .await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (404, Some("hold_not_found"))
-    );
+    common::assert_error(status, &body, 404, "hold_not_found");
     let (_, seat) = s.get(&format!("/v1/shows/{sh}/seats/E7")).await;
     assert_eq!(seat, json!({"show": sh, "seat": "E7", "state": "free"}));
     let exists: bool = r
@@ -328,20 +325,14 @@ async fn stale_token_changes_nothing() {
     let (status, body) = s
         .call("DELETE", &format!("/v1/shows/{sh}/holds/{alice}"), None)
         .await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (404, Some("hold_not_found"))
-    );
+    common::assert_error(status, &body, 404, "hold_not_found");
     let (status, body) = s
         .post(
             &format!("/v1/shows/{sh}/holds/{alice}/extend"),
             json!({"ttlMs": 1000}),
         )
         .await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (404, Some("hold_not_found"))
-    );
+    common::assert_error(status, &body, 404, "hold_not_found");
     let (status, _) = s
         .post(&format!("/v1/shows/{sh}/holds/{alice}/confirm"), json!({}))
         .await;
@@ -353,6 +344,103 @@ async fn stale_token_changes_nothing() {
     assert_eq!(v, bob, "Bob still holds E7");
     let pttl: i64 = r.pttl(&key).await.expect("pttl");
     assert!(pttl > 290_000, "Bob's TTL untouched: {pttl}");
+}
+
+/// `PEXPIRETIME` of `key`: its absolute expiry in Unix ms (-1: none, -2: no
+/// key). Unlike `PTTL` it does not move with time, so equal means untouched.
+async fn expire_time(r: &mut redis::cluster_async::ClusterConnection, key: &str) -> i64 {
+    redis::cmd("PEXPIRETIME")
+        .arg(key)
+        .query_async(r)
+        .await
+        .expect("PEXPIRETIME")
+}
+
+/// The per-seat token checks of extend.lua, confirm.lua and release.lua,
+/// with Alice's hold record still alive: Alice holds E7 and E8, then E7 is
+/// given to Bob behind her back (a raw `SET` of Bob's token that keeps the
+/// TTL, as the reference design's client or an expiry-and-rehold race would
+/// leave it). Alice's extend and confirm must change nothing at all; her
+/// release frees only E8, which still carries her token.
+#[tokio::test]
+async fn a_live_hold_whose_seat_was_taken_over_changes_nothing_of_it() {
+    let s = server().await;
+    let sh = show("takeover");
+    let alice = s.hold(&sh, &["E7", "E8"]).await;
+    let alice = token(&alice);
+    let (e7, e8) = (
+        format!("seat-hold:{{show:{sh}}}:E7"),
+        format!("seat-hold:{{show:{sh}}}:E8"),
+    );
+    let mut r = redis().await;
+    let bob = uuid::Uuid::new_v4().to_string();
+    let () = redis::cmd("SET")
+        .arg(&e7)
+        .arg(&bob)
+        .arg("KEEPTTL")
+        .query_async(&mut r)
+        .await
+        .expect("SET E7 to Bob");
+    let (e7_expiry, e8_expiry) = (
+        expire_time(&mut r, &e7).await,
+        expire_time(&mut r, &e8).await,
+    );
+    assert!(e7_expiry > 0 && e8_expiry > 0, "{e7_expiry} {e8_expiry}");
+    // Past the millisecond, so that a PEXPIRE would show in PEXPIRETIME.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+
+    let (status, body) = s
+        .post(
+            &format!("/v1/shows/{sh}/holds/{alice}/extend"),
+            json!({"ttlMs": 900_000}),
+        )
+        .await;
+    common::assert_error(status, &body, 404, "hold_not_found");
+    let e7_value: Option<String> = r.get(&e7).await.expect("GET E7");
+    assert_eq!(e7_value.as_deref(), Some(bob.as_str()), "E7 is Bob's still");
+    assert_eq!(expire_time(&mut r, &e7).await, e7_expiry, "E7's TTL moved");
+    assert_eq!(expire_time(&mut r, &e8).await, e8_expiry, "E8 was extended");
+
+    let (status, body) = s
+        .call(
+            "POST",
+            &format!("/v1/shows/{sh}/holds/{alice}/confirm"),
+            None,
+        )
+        .await;
+    common::assert_error(status, &body, 404, "hold_not_found");
+    let sale: bool = r
+        .exists(format!("seat-hold:{{show:{sh}}}#sale:{alice}"))
+        .await
+        .expect("EXISTS");
+    let e8_value: Option<String> = r.get(&e8).await.expect("GET E8");
+    assert_eq!(e8_value.as_deref(), Some(alice.as_str()), "E8 was sold");
+    assert!(!sale, "a sale record was written");
+    let e7_value: Option<String> = r.get(&e7).await.expect("GET E7");
+    assert_eq!(e7_value.as_deref(), Some(bob.as_str()), "E7 was sold");
+    assert_eq!(expire_time(&mut r, &e7).await, e7_expiry, "E7's TTL moved");
+    assert_eq!(expire_time(&mut r, &e8).await, e8_expiry, "E8's TTL moved");
+    let (_, states) = s.get(&format!("/v1/shows/{sh}/seats?ids=E7,E8")).await;
+    assert_eq!(states["seats"]["E7"]["state"], "held", "{states}");
+    assert_eq!(states["seats"]["E8"]["state"], "held", "{states}");
+    // The hold is still Alice's to read: nothing of it changed.
+    let (status, read) = s.get(&format!("/v1/shows/{sh}/holds/{alice}")).await;
+    assert_eq!(status, 200, "{read}");
+
+    let (status, body) = s
+        .call("DELETE", &format!("/v1/shows/{sh}/holds/{alice}"), None)
+        .await;
+    assert_eq!((status, body), (204, Value::Null));
+    let e7_value: Option<String> = r.get(&e7).await.expect("GET E7");
+    assert_eq!(e7_value, Some(bob), "E7 is Bob's still");
+    assert_eq!(expire_time(&mut r, &e7).await, e7_expiry, "E7's TTL moved");
+    let e8_exists: bool = r.exists(&e8).await.expect("EXISTS E8");
+    assert!(!e8_exists, "E8, still Alice's, is released");
+    let record: bool = r
+        .exists(format!("seat-hold:{{show:{sh}}}#hold:{alice}"))
+        .await
+        .expect("EXISTS");
+    assert!(!record, "the hold record is gone");
 }
 
 #[tokio::test]
@@ -492,7 +580,7 @@ async fn extend_past_lifetime_cap_is_refused_and_changes_nothing() {
             json!({"ttlMs": 3001}),
         )
         .await;
-    assert_eq!((status, body["error"].as_str()), (400, Some("invalid_ttl")));
+    common::assert_error(status, &body, 400, "invalid_ttl");
 }
 
 #[tokio::test]
@@ -594,10 +682,7 @@ async fn confirm_reports_missing_replication_honestly() {
     let (status, body) = s
         .call("POST", &format!("/v1/shows/{sh}/holds/{t}/confirm"), None)
         .await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (503, Some("not_replicated"))
-    );
+    common::assert_error(status, &body, 503, "not_replicated");
 }
 
 #[tokio::test]
@@ -706,11 +791,7 @@ async fn batch_seat_states() {
     ];
     for (path, code) in cases {
         let (status, body) = s.get(&path).await;
-        assert_eq!(
-            (status, body["error"].as_str()),
-            (400, Some(code)),
-            "{path}: {body}"
-        );
+        common::assert_error(status, &body, 400, code);
     }
 }
 
@@ -718,12 +799,9 @@ async fn batch_seat_states() {
 async fn routes_methods_and_probes() {
     let s = server().await;
     let (status, body) = s.get("/nope").await;
-    assert_eq!((status, body["error"].as_str()), (404, Some("not_found")));
+    common::assert_error(status, &body, 404, "not_found");
     let (status, body) = s.get("/v1/shows/42/holds").await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (405, Some("method_not_allowed"))
-    );
+    common::assert_error(status, &body, 405, "method_not_allowed");
     let r = s
         .http
         .put(format!("{}/v1/shows/42/holds/x", s.base))
@@ -736,10 +814,7 @@ async fn routes_methods_and_probes() {
         Some("GET, DELETE")
     );
     let (status, body) = s.call("DELETE", "/v1/holds", None).await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (405, Some("method_not_allowed"))
-    );
+    common::assert_error(status, &body, 405, "method_not_allowed");
     assert_eq!(s.get("/healthz").await.0, 200);
     assert_eq!(s.get("/readyz").await.0, 200);
     let metrics = s.metrics().await;
@@ -748,10 +823,7 @@ async fn routes_methods_and_probes() {
     let (status, body) = s
         .get("/v1/shows/42/holds/3f0c0000-0000-4000-8000-000000000000")
         .await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (404, Some("hold_not_found"))
-    );
+    common::assert_error(status, &body, 404, "hold_not_found");
 }
 
 #[tokio::test]
@@ -843,5 +915,114 @@ async fn a_hold_resent_with_its_token_answers_as_the_first_run() {
             other[0], 0,
             "another token finds the seats taken: {other:?}"
         );
+    }
+}
+
+/// Two `seathold serve` processes on one cluster, each serving part of the
+/// same traffic: every event counter summed over both equals what really
+/// happened (expiries are not part of this; see the API's version 1.1).
+#[tokio::test]
+async fn counters_summed_over_two_instances_are_the_true_figures() {
+    let d = [
+        common::Daemon::start(&[]).await,
+        common::Daemon::start(&[]).await,
+    ];
+    let before = [
+        common::scrape(&d[0].metrics().await),
+        common::scrape(&d[1].metrics().await),
+    ];
+    let http = reqwest::Client::new();
+    let sh = show("two");
+    let call = |i: usize, method: &str, path: String, body: Option<Value>| {
+        let mut req = http.request(
+            reqwest::Method::from_bytes(method.as_bytes()).expect("method"),
+            format!("{}{path}", d[i % 2].base),
+        );
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        async move {
+            let r = req.send().await.expect("request");
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    // 10 holds of 2 seats each, alternating between the instances.
+    let mut tokens = Vec::new();
+    for i in 0..10 {
+        let (status, body) = call(
+            i,
+            "POST",
+            format!("/v1/shows/{sh}/holds"),
+            Some(json!({"seats": [format!("A{i}"), format!("B{i}")]})),
+        )
+        .await;
+        assert_eq!(status, 201, "{body}");
+        tokens.push(token(&body));
+    }
+    // 6 conflicts, each on the instance that did not grant the seat.
+    for i in 0..6 {
+        let (status, body) = call(
+            i + 1,
+            "POST",
+            format!("/v1/shows/{sh}/seats/A{i}/hold"),
+            None,
+        )
+        .await;
+        common::assert_error(status, &body, 409, "seats_taken");
+    }
+    // 3 releases (and 3 stale ones that count nothing).
+    for (i, t) in tokens.iter().enumerate().take(3) {
+        let path = format!("/v1/shows/{sh}/holds/{t}");
+        assert_eq!(call(i + 1, "DELETE", path.clone(), None).await.0, 204);
+        assert_eq!(call(i, "DELETE", path, None).await.0, 404);
+    }
+    // 4 extends.
+    for (i, t) in tokens.iter().enumerate().skip(3).take(4) {
+        let path = format!("/v1/shows/{sh}/holds/{t}/extend");
+        let (status, body) = call(i + 1, "POST", path, Some(json!({"ttlMs": 60000}))).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    // 2 confirms, each repeated on the other instance (idempotent: not a
+    // second sale).
+    for (i, t) in tokens.iter().enumerate().skip(7).take(2) {
+        let path = format!("/v1/shows/{sh}/holds/{t}/confirm");
+        assert_eq!(call(i, "POST", path.clone(), None).await.0, 200);
+        assert_eq!(call(i + 1, "POST", path, None).await.0, 200);
+    }
+    let after = [
+        common::scrape(&d[0].metrics().await),
+        common::scrape(&d[1].metrics().await),
+    ];
+    let summed = |series: &str| -> f64 {
+        (0..2)
+            .map(|i| {
+                after[i].get(series).copied().unwrap_or(0.0)
+                    - before[i].get(series).copied().unwrap_or(0.0)
+            })
+            .sum()
+    };
+    let mut wrong = Vec::new();
+    for (series, truth) in [
+        ("seathold_holds_total", 10.0),
+        ("seathold_seats_held_total", 20.0),
+        ("seathold_hold_conflicts_total", 6.0),
+        ("seathold_releases_total", 3.0),
+        ("seathold_extends_total", 4.0),
+        ("seathold_confirms_total", 2.0),
+    ] {
+        let got = summed(series);
+        if got != truth {
+            wrong.push(format!(
+                "{series}: {got} summed over both instances, {truth} happened"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // Both served: neither instance did all the work.
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        let moved = a.get("seathold_holds_total").copied().unwrap_or(0.0)
+            - b.get("seathold_holds_total").copied().unwrap_or(0.0);
+        assert_eq!(moved, 5.0, "instance {i} granted {moved} holds");
     }
 }

@@ -1,13 +1,17 @@
 //! Property-based fuzzing of request decoding and validation: any method,
 //! path, headers and body give a well-formed JSON answer with a status and
-//! code from the contract, and never a panic.
+//! code from the contract, and never a panic; and each answer agrees with
+//! [`expected`], an independent statement of the contract's routing, id,
+//! body and TTL rules.
 //!
 //! The app here has no Redis (its seed is a closed port and nothing connects
 //! it), so every request that passes validation ends in 503
-//! `redis_unavailable`: validation alone decides everything else. CI runs
-//! more cases with `PROPTEST_CASES`.
+//! `redis_unavailable`: validation alone decides everything else, and a 503
+//! for input the rules refuse is a validation hole. The app and its runtime
+//! are built once for all cases. CI runs more cases with `PROPTEST_CASES`.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -17,12 +21,298 @@ use seathold::config::Options;
 use seathold::http::App;
 use serde_json::Value;
 
-fn app() -> Arc<App> {
-    let opts = Options {
-        redis_nodes: vec!["redis://127.0.0.1:1".into()],
-        ..Options::default()
+/// The app (no Redis) and a runtime to drive it, built once.
+fn app() -> &'static (tokio::runtime::Runtime, Arc<App>) {
+    static APP: OnceLock<(tokio::runtime::Runtime, Arc<App>)> = OnceLock::new();
+    APP.get_or_init(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let opts = Options {
+            redis_nodes: vec!["redis://127.0.0.1:1".into()],
+            ..Options::default()
+        };
+        let app = rt.block_on(async { seathold::server::app(&opts).expect("app") });
+        (rt, app)
+    })
+}
+
+/// The contract's id rule: 1-64 characters from `[A-Za-z0-9_.-]`, checked
+/// on the path segment as sent.
+fn valid_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// CRC16/XMODEM of the hash tag modulo 16384: Redis's slot of a show's keys.
+fn show_slot(show: &str) -> u16 {
+    let mut crc: u16 = 0;
+    for b in format!("show:{show}").bytes() {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+const MAX_SEATS: usize = 20;
+const MAX_TTL_MS: u64 = 1_800_000;
+
+type Codes = BTreeSet<(u16, &'static str)>;
+
+/// What the contract says a request must get from a daemon whose Redis is
+/// unreachable.
+#[derive(Debug)]
+enum Expect {
+    /// Exactly this status and code.
+    Exactly(u16, &'static str),
+    /// Refused: one of these (status, code), one per broken rule (which one
+    /// a daemon checks first is its own choice).
+    Refused(Codes),
+    /// Valid: it reaches Redis, so 503 `redis_unavailable`.
+    Reaches,
+    /// Not decided here (probes and metrics).
+    Any,
+}
+
+/// The `ttlMs` rule: absent or null, or a positive integer of at most
+/// `--max-ttl-ms`.
+fn ttl_ok(v: Option<&Value>) -> bool {
+    match v {
+        None | Some(Value::Null) => true,
+        Some(v) => v.as_u64().is_some_and(|t| (1..=MAX_TTL_MS).contains(&t)),
+    }
+}
+
+/// The rules of a list of ids: not empty, valid, at most `MAX_SEATS`,
+/// distinct. `bad_id` is the code of an invalid one.
+fn ids_rules<T: Ord>(
+    ids: &[T],
+    valid: impl Fn(&T) -> bool,
+    bad_id: &'static str,
+    broken: &mut Codes,
+) {
+    if ids.is_empty() {
+        broken.insert((400, "invalid_request"));
+    }
+    if ids.iter().any(|id| !valid(id)) {
+        broken.insert((400, bad_id));
+    }
+    if ids.len() > MAX_SEATS {
+        broken.insert((400, "too_many_seats"));
+    }
+    if ids.iter().collect::<BTreeSet<_>>().len() != ids.len() {
+        broken.insert((400, "duplicate_seat"));
+    }
+}
+
+/// The body rules of a route that takes a JSON object with `fields`: its
+/// media type, JSON syntax, an object, no other field. Answers the object.
+fn json_object(
+    ctype: Option<&str>,
+    body: &[u8],
+    required: bool,
+    fields: &[&str],
+    broken: &mut Codes,
+) -> Option<serde_json::Map<String, Value>> {
+    let is_json = ctype.is_some_and(|c| {
+        c.split(';')
+            .next()
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+    });
+    if body.is_empty() {
+        if required {
+            // An empty body: 400, or 415 when it does not even say JSON.
+            broken.insert((400, "invalid_request"));
+            if !is_json {
+                broken.insert((415, "unsupported_media_type"));
+            }
+            return None;
+        }
+        return Some(serde_json::Map::new());
+    }
+    if !is_json {
+        broken.insert((415, "unsupported_media_type"));
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) if map.keys().all(|k| fields.contains(&k.as_str())) => Some(map),
+        _ => {
+            broken.insert((400, "invalid_request"));
+            None
+        }
+    }
+}
+
+/// The seats of `POST /v1/holds`: `{"show":…,"seat":…}` objects, nothing
+/// else in them.
+fn show_seat_pairs(seats: Option<&Value>) -> Option<Vec<(&str, &str)>> {
+    seats?
+        .as_array()?
+        .iter()
+        .map(|e| {
+            let e = e.as_object()?;
+            if e.len() != 2 {
+                return None;
+            }
+            Some((e.get("show")?.as_str()?, e.get("seat")?.as_str()?))
+        })
+        .collect()
+}
+
+/// An independent statement of the contract for one request.
+fn expected(method: &str, path: &str, ctype: Option<&str>, body: &[u8]) -> Expect {
+    let (path, query) = path.split_once('?').unwrap_or((path, ""));
+    let segs: Vec<&str> = path.strip_prefix('/').unwrap_or(path).split('/').collect();
+    let (methods, show, kind): (&[&str], Option<&str>, &str) = match segs.as_slice() {
+        ["healthz"] | ["readyz"] => (&["GET", "HEAD"], None, "probe"),
+        ["metrics"] => (&["GET"], None, "probe"),
+        ["v1", "holds"] => (&["POST"], None, "multi"),
+        ["v1", "shows", show, "holds"] => (&["POST"], Some(*show), "holds"),
+        ["v1", "shows", show, "seats", _, "hold"] => (&["POST"], Some(*show), "seat-hold"),
+        ["v1", "shows", show, "holds", _] => (&["GET", "DELETE"], Some(*show), "hold"),
+        ["v1", "shows", show, "holds", _, "extend"] => (&["POST"], Some(*show), "extend"),
+        ["v1", "shows", show, "holds", _, "confirm"] => (&["POST"], Some(*show), "confirm"),
+        ["v1", "shows", show, "seats", _] => (&["GET"], Some(*show), "seat"),
+        ["v1", "shows", show, "seats"] => (&["GET"], Some(*show), "seats"),
+        _ => return Expect::Exactly(404, "not_found"),
     };
-    seathold::server::app(&opts).expect("app")
+    if !methods.contains(&method) {
+        return Expect::Exactly(405, "method_not_allowed");
+    }
+    if kind == "probe" {
+        return Expect::Any;
+    }
+    let mut broken = Codes::new();
+    if show.is_some_and(|s| !valid_id(s)) {
+        broken.insert((400, "invalid_show"));
+    }
+    // A token that is not a canonical (lowercase, hyphenated) UUID was never
+    // issued: 404 without asking Redis.
+    let unknown_token = matches!(kind, "hold" | "extend" | "confirm")
+        && !uuid::Uuid::try_parse(segs[4]).is_ok_and(|u| u.hyphenated().to_string() == segs[4]);
+    let ttl_rule = |obj: &serde_json::Map<String, Value>, broken: &mut Codes| {
+        if !ttl_ok(obj.get("ttlMs")) {
+            broken.insert((400, "invalid_ttl"));
+        }
+    };
+    let mut cross_slot = false;
+    match kind {
+        "multi" => {
+            if let Some(obj) = json_object(ctype, body, true, &["seats", "ttlMs"], &mut broken) {
+                ttl_rule(&obj, &mut broken);
+                match show_seat_pairs(obj.get("seats")) {
+                    None => {
+                        broken.insert((400, "invalid_request"));
+                    }
+                    Some(pairs) => {
+                        if pairs.iter().any(|(s, _)| !valid_id(s)) {
+                            broken.insert((400, "invalid_show"));
+                        }
+                        ids_rules(&pairs, |(_, s)| valid_id(s), "invalid_seat", &mut broken);
+                        let slots: BTreeSet<u16> =
+                            pairs.iter().map(|(s, _)| show_slot(s)).collect();
+                        cross_slot = slots.len() > 1;
+                    }
+                }
+            }
+        }
+        "holds" => {
+            if let Some(obj) = json_object(ctype, body, true, &["seats", "ttlMs"], &mut broken) {
+                ttl_rule(&obj, &mut broken);
+                let ids: Option<Vec<&str>> = obj
+                    .get("seats")
+                    .and_then(Value::as_array)
+                    .and_then(|l| l.iter().map(Value::as_str).collect());
+                match ids {
+                    None => {
+                        broken.insert((400, "invalid_request"));
+                    }
+                    Some(ids) => ids_rules(&ids, |s| valid_id(s), "invalid_seat", &mut broken),
+                }
+            }
+        }
+        "seat-hold" | "extend" => {
+            if kind == "seat-hold" && !valid_id(segs[4]) {
+                broken.insert((400, "invalid_seat"));
+            }
+            if let Some(obj) = json_object(ctype, body, false, &["ttlMs"], &mut broken) {
+                ttl_rule(&obj, &mut broken);
+            }
+        }
+        "confirm" => {
+            json_object(ctype, body, false, &["ttlMs"], &mut broken);
+        }
+        "hold" => {}
+        "seat" => {
+            if !valid_id(segs[4]) {
+                broken.insert((400, "invalid_seat"));
+            }
+        }
+        _ => {
+            // ?ids=: 1 to --max-seats-per-hold valid, distinct ids.
+            let ids = form_urlencoded::parse(query.as_bytes())
+                .find(|(k, _)| k == "ids")
+                .map(|(_, v)| v.into_owned());
+            match ids {
+                None => {
+                    broken.insert((400, "invalid_request"));
+                }
+                Some(ids) => {
+                    let ids: Vec<&str> = ids.split(',').collect();
+                    ids_rules(&ids, |s| valid_id(s), "invalid_seat", &mut broken);
+                }
+            }
+        }
+    }
+    if !broken.is_empty() {
+        // An unknown token may be answered first: nothing can be done with
+        // it whatever else is wrong.
+        if unknown_token {
+            broken.insert((404, "hold_not_found"));
+        }
+        Expect::Refused(broken)
+    } else if unknown_token {
+        Expect::Exactly(404, "hold_not_found")
+    } else if cross_slot {
+        Expect::Exactly(422, "cross_slot")
+    } else {
+        Expect::Reaches
+    }
+}
+
+/// The app's answer to `req`: status and body.
+fn answer(req: Request<Full<Bytes>>) -> (u16, Bytes) {
+    let (rt, app) = app();
+    rt.block_on(async {
+        let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 40000));
+        let resp = seathold::http::handle(Arc::clone(app), req, peer).await;
+        let status = resp.status().as_u16();
+        (
+            status,
+            resp.into_body().collect().await.expect("body").to_bytes(),
+        )
+    })
+}
+
+/// Whether the answer `got` (status, code) is what `expect` allows.
+fn check(expect: Expect, got: (u16, &str), why: &str) -> Result<(), TestCaseError> {
+    match expect {
+        Expect::Exactly(s, c) => prop_assert_eq!(got, (s, c), "{}", why),
+        Expect::Refused(allowed) => {
+            prop_assert!(allowed.contains(&got), "refused by {allowed:?}: {why}")
+        }
+        Expect::Reaches => prop_assert_eq!(got, (503, "redis_unavailable"), "valid: {}", why),
+        Expect::Any => {}
+    }
+    Ok(())
 }
 
 const CODES: &[(u16, &str)] = &[
@@ -103,11 +393,45 @@ fn json_value() -> impl Strategy<Value = Value> {
     })
 }
 
+/// `ttlMs` values at and around the edges of the TTL rules.
+fn ttl_value() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        (0u64..3).prop_map(Value::from),
+        (MAX_TTL_MS - 2..MAX_TTL_MS + 3).prop_map(Value::from),
+        (-3i64..0).prop_map(Value::from),
+        Just(serde_json::json!(1.5)),
+        Just(serde_json::json!(60000.0)),
+        Just(serde_json::json!("60000")),
+        Just(Value::Null),
+        any::<u64>().prop_map(Value::from),
+    ]
+}
+
 fn body() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         Just(Vec::new()),
         json_value().prop_map(|v| v.to_string().into_bytes()),
         proptest::collection::vec(any::<u8>(), 0..200),
+        // Arrays where objects belong: serde reads a struct from an array
+        // of its fields in order unless the daemon refuses them.
+        proptest::collection::vec(json_value(), 0..3)
+            .prop_map(|v| Value::Array(v).to_string().into_bytes()),
+        (segment(), segment()).prop_map(|(a, b)| {
+            serde_json::json!({ "seats": [[a, b]] })
+                .to_string()
+                .into_bytes()
+        }),
+        // TTLs around the rules' edges, alone and with seats.
+        (
+            ttl_value(),
+            proptest::option::of(proptest::collection::vec(segment(), 1..4))
+        )
+            .prop_map(|(ttl, seats)| match seats {
+                Some(seats) => serde_json::json!({ "seats": seats, "ttlMs": ttl }),
+                None => serde_json::json!({ "ttlMs": ttl }),
+            }
+            .to_string()
+            .into_bytes()),
         proptest::collection::vec(segment(), 0..30).prop_map(|seats| {
             serde_json::json!({ "seats": seats })
                 .to_string()
@@ -140,13 +464,7 @@ proptest! {
             // Not a request hyper would ever hand us.
             return Ok(());
         };
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-        let (status, bytes) = rt.block_on(async {
-            let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 40000));
-            let resp = seathold::http::handle(app(), req, peer).await;
-            let status = resp.status().as_u16();
-            (status, resp.into_body().collect().await.expect("body").to_bytes())
-        });
+        let (status, bytes) = answer(req);
         if status < 300 {
             // Only the probes succeed without Redis.
             prop_assert!(path == "/healthz" || path == "/readyz" || method == "HEAD", "{method} {path} -> {status}");
@@ -159,5 +477,130 @@ proptest! {
             "{method} {path} {body:?} -> {status} {answer}"
         );
         prop_assert!(answer["message"].as_str().is_some_and(|m| !m.is_empty()) || path == "/readyz");
+        let why = format!("{method} {path} {ctype:?} {:?} -> {status} {answer}", String::from_utf8_lossy(&body));
+        check(expected(method, &path, ctype, &body), (status, code), &why)?;
+    }
+}
+
+/// Ids at and around the edges of the id rule.
+fn id_value() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => "[A-Za-z0-9_.-]{1,8}",
+        1 => "[A-Za-z0-9_.-]{63,66}",
+        1 => Just(String::new()),
+        2 => ("[A-Za-z0-9]{0,4}", "[:{}/ ,é%\u{0}#?*]", "[A-Za-z0-9]{0,4}")
+            .prop_map(|(a, bad, b)| format!("{a}{bad}{b}")),
+    ]
+}
+
+/// Well-formed requests to the routes that validate ids and TTLs, with ids
+/// and TTLs around the edges of their rules, so that every rule is tried
+/// often at the default number of cases.
+fn rule_request() -> impl Strategy<Value = (&'static str, String, Vec<u8>)> {
+    let ids = || proptest::collection::vec(id_value(), 0..23);
+    fn enc(s: &str) -> String {
+        s.replace('%', "%25").replace(['/', '?', '#', ' '], "%20")
+    }
+    let token = || {
+        prop_oneof![
+            Just("3f0c0000-0000-4000-8000-000000000000".to_owned()),
+            Just("3F0C0000-0000-4000-8000-000000000000".to_owned()),
+            "[a-z0-9-]{1,40}",
+        ]
+    };
+    let ttl = || proptest::option::of(ttl_value());
+    fn with_ttl(mut v: Value, ttl: Option<Value>) -> Vec<u8> {
+        if let Some(ttl) = ttl {
+            v["ttlMs"] = ttl;
+        }
+        v.to_string().into_bytes()
+    }
+    prop_oneof![
+        (id_value(), ids(), ttl()).prop_map(move |(show, seats, ttl)| {
+            let body = with_ttl(serde_json::json!({ "seats": seats }), ttl);
+            ("POST", format!("/v1/shows/{}/holds", enc(&show)), body)
+        }),
+        (id_value(), id_value(), ttl()).prop_map(move |(show, seat, ttl)| {
+            let body = with_ttl(serde_json::json!({}), ttl);
+            (
+                "POST",
+                format!("/v1/shows/{}/seats/{}/hold", enc(&show), enc(&seat)),
+                body,
+            )
+        }),
+        (id_value(), token(), ttl()).prop_map(move |(show, token, ttl)| {
+            let body = with_ttl(serde_json::json!({}), ttl);
+            (
+                "POST",
+                format!("/v1/shows/{}/holds/{token}/extend", enc(&show)),
+                body,
+            )
+        }),
+        (id_value(), token()).prop_map(move |(show, token)| {
+            (
+                "POST",
+                format!("/v1/shows/{}/holds/{token}/confirm", enc(&show)),
+                Vec::new(),
+            )
+        }),
+        (
+            proptest::collection::vec((id_value(), id_value()), 0..23),
+            ttl()
+        )
+            .prop_map(move |(seats, ttl)| {
+                let seats: Vec<Value> = seats
+                    .into_iter()
+                    .map(|(show, seat)| serde_json::json!({ "show": show, "seat": seat }))
+                    .collect();
+                let body = with_ttl(serde_json::json!({ "seats": seats }), ttl);
+                ("POST", "/v1/holds".to_owned(), body)
+            }),
+        (id_value(), id_value()).prop_map(move |(show, seat)| {
+            (
+                "GET",
+                format!("/v1/shows/{}/seats/{}", enc(&show), enc(&seat)),
+                Vec::new(),
+            )
+        }),
+        (id_value(), ids()).prop_map(move |(show, seats)| {
+            let query: String = form_urlencoded::Serializer::new(String::new())
+                .append_pair("ids", &seats.join(","))
+                .finish();
+            (
+                "GET",
+                format!("/v1/shows/{}/seats?{query}", enc(&show)),
+                Vec::new(),
+            )
+        }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(512),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// 400 exactly when the id and TTL rules say so; otherwise the request
+    /// reaches Redis (503 here), is cross-slot (422) or names a token that
+    /// was never issued (404).
+    #[test]
+    fn ids_and_ttls_are_refused_exactly_by_the_rules((method, path, body) in rule_request()) {
+        let Ok(req) = Request::builder()
+            .method(method)
+            .uri(&path)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.clone())))
+        else {
+            return Ok(());
+        };
+        let (status, bytes) = answer(req);
+        let answer: Value = serde_json::from_slice(&bytes).expect("every error is JSON");
+        let code = answer["error"].as_str().unwrap_or_default();
+        let why = format!("{method} {path} {:?} -> {status} {answer}", String::from_utf8_lossy(&body));
+        let expect = expected(method, &path, Some("application/json"), &body);
+        prop_assert!(!matches!(expect, Expect::Any), "not a rule request: {}", why);
+        check(expect, (status, code), &why)?;
     }
 }

@@ -5,30 +5,24 @@
 
 mod common;
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{server, show};
+use common::{scrape, show};
 use serde_json::json;
 
-/// Parses Prometheus text into `name{labels}` -> value.
-fn scrape(text: &str) -> HashMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            Some((series.to_owned(), value.parse().ok()?))
-        })
-        .collect()
-}
+/// The expiry subscriptions' keep-alive ping interval here.
+const PING_MS: u64 = 500;
 
-fn delta(before: &HashMap<String, f64>, after: &HashMap<String, f64>, series: &str) -> f64 {
+fn delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, series: &str) -> f64 {
     after.get(series).copied().unwrap_or(0.0) - before.get(series).copied().unwrap_or(0.0)
 }
 
 #[tokio::test]
 async fn counters_follow_a_known_sequence() {
-    let s = server().await;
+    let mut opts = common::options();
+    opts.expiry_ping_interval_ms = PING_MS;
+    let s = common::server_with(opts).await;
     let sh = show("metrics");
     let other = show("metrics-x");
     // Expiry events are only seen once every master's subscription is up.
@@ -184,9 +178,12 @@ async fn counters_follow_a_known_sequence() {
     assert!(text.contains("seathold_keyspace_events_enabled 1"));
     assert!(text.contains("seathold_redis_command_duration_seconds_bucket{op=\"hold\""));
 
-    // The subscriptions stay up: past their keep-alive ping (every 5 s),
-    // none was lost and made again.
-    tokio::time::sleep(Duration::from_millis(6500).saturating_sub(subscribed.elapsed())).await;
+    // The subscriptions stay up: past two of their keep-alive pings, none
+    // was lost and made again.
+    tokio::time::sleep(
+        Duration::from_millis(2 * PING_MS + 300).saturating_sub(subscribed.elapsed()),
+    )
+    .await;
     let text = s.metrics().await;
     assert!(
         text.contains("seathold_expiry_resubscriptions_total 0"),

@@ -1,38 +1,36 @@
-//! Soak: mixed load against the real binary for `SEATHOLD_SOAK_SECS`
-//! (45 s by default; `SEATHOLD_SOAK_SECS=600 cargo test --release --test
-//! soak -- --nocapture` for the ten-minute run). Every answer must be a
-//! success or a 409 conflict, and the daemon's memory (RSS) must stay flat
-//! after warm-up.
+//! Soak: mixed load against the real binary. Every answer must be a success
+//! or a 409 conflict, no Redis error may occur, the holds left to run out
+//! must be counted as expiries, and the daemon's memory (RSS, read from
+//! `/proc`: the test fails where it cannot be read) must stay flat after
+//! warm-up.
+//!
+//! The default run is short (10 s), for `cargo test`. The long run sets the
+//! duration in seconds with `SEATHOLD_SOAK_SECS`, in a release build:
+//!
+//! ```text
+//! SEATHOLD_SOAK_SECS=600 cargo test --release --test soak -- --nocapture
+//! ```
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{cluster, show};
+use common::{show, Daemon};
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
+/// The resident set of process `pid` in KiB; panics when `/proc` cannot
+/// tell, so that the memory check can never pass by not measuring.
 fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("cannot read /proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status:\n{status}"))
 }
 
 #[derive(Default)]
@@ -44,6 +42,8 @@ struct Tally {
     releases: AtomicU64,
     extends: AtomicU64,
     reads: AtomicU64,
+    /// When each hold left to expire was made, and its TTL.
+    abandoned: Mutex<Vec<(Instant, Duration)>>,
 }
 
 fn median(v: &mut [u64]) -> u64 {
@@ -56,26 +56,13 @@ async fn mixed_load_keeps_memory_flat_and_answers_only_successes_and_conflicts()
     let secs: u64 = std::env::var("SEATHOLD_SOAK_SECS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(45);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port();
-    let child = Command::new(env!("CARGO_BIN_EXE_seathold"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--redis-nodes", &cluster().seed_urls().join(",")])
-        .env("SEATHOLD_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn seathold");
-    let pid = child.id();
-    let _daemon = Daemon(child);
-    let base = format!("http://127.0.0.1:{port}");
+        .unwrap_or(10);
+    let daemon = Daemon::start(&[]).await;
+    let (pid, base) = (daemon.pid(), daemon.base.clone());
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
         .expect("client");
-    common::wait_readyz(&http, &base, 200, Duration::from_secs(30)).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Tally::default());
@@ -105,9 +92,10 @@ async fn mixed_load_keeps_memory_flat_and_answers_only_successes_and_conflicts()
                 let mut seats_unique = seats.clone();
                 seats_unique.sort();
                 seats_unique.dedup();
+                let ttl_ms = rng.random_range(500..4000);
                 let r = http
                     .post(format!("{base}/v1/shows/{sh}/holds"))
-                    .json(&json!({"seats": seats_unique, "ttlMs": rng.random_range(500..4000)}))
+                    .json(&json!({"seats": seats_unique, "ttlMs": ttl_ms}))
                     .send()
                     .await
                     .expect("hold request");
@@ -117,6 +105,7 @@ async fn mixed_load_keeps_memory_flat_and_answers_only_successes_and_conflicts()
                         let hold: Value = r.json().await.expect("json");
                         let t = hold["holdToken"].as_str().expect("token").to_owned();
                         let url = format!("{base}/v1/shows/{sh}/holds/{t}");
+                        let mut ttl = Duration::from_millis(ttl_ms);
                         if rng.random_bool(0.3) {
                             let r = http
                                 .post(format!("{url}/extend"))
@@ -126,6 +115,7 @@ async fn mixed_load_keeps_memory_flat_and_answers_only_successes_and_conflicts()
                                 .expect("extend");
                             assert_eq!(r.status(), 200, "extend");
                             tally.extends.fetch_add(1, Ordering::Relaxed);
+                            ttl = Duration::from_millis(3000);
                         }
                         match rng.random_range(0..10) {
                             0 => {
@@ -143,7 +133,11 @@ async fn mixed_load_keeps_memory_flat_and_answers_only_successes_and_conflicts()
                                 tally.releases.fetch_add(1, Ordering::Relaxed);
                             }
                             // The rest are abandoned and expire in Redis.
-                            _ => {}
+                            _ => tally
+                                .abandoned
+                                .lock()
+                                .expect("abandoned")
+                                .push((Instant::now(), ttl)),
                         }
                         tally.ok.fetch_add(1, Ordering::Relaxed);
                     }
@@ -172,7 +166,7 @@ async fn mixed_load_keeps_memory_flat_and_answers_only_successes_and_conflicts()
     let started = Instant::now();
     let mut samples = Vec::new();
     while started.elapsed() < Duration::from_secs(secs) {
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
         samples.push(rss_kib(pid));
         if workers.iter().any(|w| w.is_finished()) {
             break;
@@ -192,11 +186,25 @@ async fn mixed_load_keeps_memory_flat_and_answers_only_successes_and_conflicts()
         .text()
         .await
         .expect("text");
-    let expiries = metrics
+    let expiries: f64 = metrics
         .lines()
-        .find_map(|l| l.strip_prefix("seathold_hold_expiries_total "))
-        .unwrap_or("?")
-        .to_owned();
+        .find_map(|l| {
+            l.strip_prefix("seathold_hold_expiries_total ")?
+                .parse()
+                .ok()
+        })
+        .expect("seathold_hold_expiries_total in /metrics");
+    // Every abandoned hold can expire; those whose TTL ran out more than
+    // a second ago (Redis's active expiry and the event's way) must have.
+    let (abandoned, ran_out) = {
+        let list = tally.abandoned.lock().expect("abandoned");
+        let now = Instant::now();
+        let ran_out = list
+            .iter()
+            .filter(|(at, ttl)| *at + *ttl + Duration::from_secs(1) < now)
+            .count();
+        (list.len() as f64, ran_out as f64)
+    };
     let errors: f64 = metrics
         .lines()
         .filter(|l| l.starts_with("seathold_redis_errors_total{"))
@@ -212,7 +220,7 @@ async fn mixed_load_keeps_memory_flat_and_answers_only_successes_and_conflicts()
     let g = |x: &AtomicU64| x.load(Ordering::Relaxed);
     eprintln!(
         "soak {elapsed:.0} s: {} holds ({:.0}/s), {} conflicts, {} extends, {} releases, {} confirms, {} reads, \
-         {expiries} expiries counted, {errors} Redis errors; RSS median {mid} KiB after warm-up, {last} KiB at the end, \
+         {expiries} expiries counted ({ran_out} abandoned holds ran out of {abandoned}), {errors} Redis errors; RSS median {mid} KiB after warm-up, {last} KiB at the end, \
          max {} KiB",
         g(&tally.holds),
         g(&tally.holds) as f64 / elapsed,
@@ -224,6 +232,14 @@ async fn mixed_load_keeps_memory_flat_and_answers_only_successes_and_conflicts()
         samples.iter().max().unwrap_or(&0),
     );
     assert_eq!(errors, 0.0, "Redis errors during the soak");
+    assert!(
+        expiries >= ran_out && expiries <= abandoned,
+        "{expiries} expiries counted; {ran_out} abandoned holds had run out, {abandoned} were abandoned"
+    );
+    assert!(
+        ran_out > 0.0,
+        "no abandoned hold ran out: the run was too short"
+    );
     assert!(
         g(&tally.conflicts) > 0 && g(&tally.holds) > 100,
         "the load had holds and conflicts"

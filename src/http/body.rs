@@ -47,7 +47,9 @@ pub struct RawSeatRef {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct MultiHoldBody {
-    pub seats: Vec<RawSeatRef>,
+    /// Objects only: read as [`RawSeatRef`] directly, serde would also take
+    /// a `["show", "seat"]` array; see [`MultiHoldBody::seats`].
+    seats: Vec<serde_json::Map<String, serde_json::Value>>,
     #[serde(default)]
     pub ttl_ms: Option<serde_json::Value>,
 }
@@ -57,6 +59,17 @@ pub struct MultiHoldBody {
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct EmptyBody {}
+
+impl MultiHoldBody {
+    /// The seats, each a `{"show":…,"seat":…}` object.
+    pub fn seats(&self) -> Result<Vec<RawSeatRef>, Error> {
+        self.seats
+            .iter()
+            .map(|s| serde_json::from_value(serde_json::Value::Object(s.clone())))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Error::InvalidRequest(format!("invalid JSON body: {e}")))
+    }
+}
 
 /// The optional body of single-seat holds and extend.
 #[derive(Deserialize, Default)]
@@ -148,6 +161,14 @@ pub fn json<T: serde::de::DeserializeOwned>(
     }
     if is_json != Some(true) {
         return Err(Error::UnsupportedMediaType);
+    }
+    // serde also reads a struct from a JSON array of its fields in order
+    // (`[["E7"], 60000]`, or `[]` for a body whose fields are optional);
+    // every body of the API is an object.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(Error::InvalidRequest(
+            "the body must be a JSON object".into(),
+        ));
     }
     serde_json::from_slice(bytes)
         .map_err(|e| Error::InvalidRequest(format!("invalid JSON body: {e}")))

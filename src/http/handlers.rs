@@ -108,15 +108,15 @@ fn seat_ids(raw: &[String]) -> Result<Vec<SeatId>, Error> {
 /// `POST /v1/holds`: the home show is the first seat's.
 async fn multi_hold(req: &Req<'_>) -> Result<Resp, Error> {
     let body: MultiHoldBody = req.json(true)?;
-    let Some(first) = body.seats.first() else {
+    let raw = body.seats()?;
+    let Some(first) = raw.first() else {
         return Err(Error::InvalidRequest(
             "seats must name at least one seat".into(),
         ));
     };
     let ttl = body::ttl(body.ttl_ms)?;
     let home = ShowId::parse(&first.show)?;
-    let seats = body
-        .seats
+    let seats = raw
         .iter()
         .map(|r| {
             Ok(SeatRef {

@@ -98,7 +98,13 @@ pub async fn server_with(opts: Options) -> TestServer {
         stop: Some(stop),
         task: Some(task),
     };
-    server.wait_ready(Duration::from_secs(30)).await;
+    // A client of its own that keeps no connection open afterwards: tests of
+    // connection limits start from none.
+    let probe = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client");
+    wait_readyz(&probe, &server.base, 200, Duration::from_secs(30)).await;
     server
 }
 
@@ -237,32 +243,215 @@ pub async fn master_ports() -> Vec<u16> {
     ports
 }
 
-/// `INFO commandstats` of every master, summed per command.
-pub async fn command_calls() -> BTreeMap<String, u64> {
-    let mut total = BTreeMap::new();
-    for port in master_ports().await {
-        let mut c = node(port).await;
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut c)
-            .await
-            .expect("info");
-        for line in info.lines() {
-            let Some((name, rest)) = line
-                .strip_prefix("cmdstat_")
-                .and_then(|l| l.split_once(':'))
-            else {
-                continue;
-            };
-            let calls = rest
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))
+/// Counters of one command in `INFO commandstats`: calls, rejected calls,
+/// failed calls.
+pub type CommandStat = [u64; 3];
+
+/// `INFO commandstats` of one node: command -> its counters.
+pub async fn node_command_stats(port: u16) -> BTreeMap<String, CommandStat> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut node(port).await)
+        .await
+        .expect("INFO commandstats");
+    let mut stats = BTreeMap::new();
+    for line in info.lines() {
+        let Some((name, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let field = |key: &str| {
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
                 .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-            *total.entry(name.to_owned()).or_insert(0) += calls;
+                .unwrap_or(0)
+        };
+        stats.insert(
+            name.to_owned(),
+            [
+                field("calls"),
+                field("rejected_calls"),
+                field("failed_calls"),
+            ],
+        );
+    }
+    stats
+}
+
+/// The `calls` of one command on one node (0 when it never ran).
+pub async fn node_calls(port: u16, command: &str) -> u64 {
+    node_command_stats(port)
+        .await
+        .get(command)
+        .map_or(0, |s| s[0])
+}
+
+/// `INFO commandstats` of every master: (port, command) -> its counters.
+pub async fn command_stats() -> BTreeMap<(u16, String), CommandStat> {
+    let mut all = BTreeMap::new();
+    for port in master_ports().await {
+        for (name, stat) in node_command_stats(port).await {
+            all.insert((port, name), stat);
         }
     }
-    total
+    all
+}
+
+/// What moved between two [`command_stats`] snapshots: every (port, command)
+/// whose counters differ, with the increase of each counter.
+pub fn stats_delta(
+    before: &BTreeMap<(u16, String), CommandStat>,
+    after: &BTreeMap<(u16, String), CommandStat>,
+) -> BTreeMap<(u16, String), CommandStat> {
+    let zero = [0; 3];
+    after
+        .keys()
+        .chain(before.keys())
+        .filter_map(|k| {
+            let (a, b) = (
+                after.get(k).unwrap_or(&zero),
+                before.get(k).unwrap_or(&zero),
+            );
+            (a != b).then(|| (k.clone(), [0, 1, 2].map(|i| a[i].wrapping_sub(b[i]))))
+        })
+        .collect()
+}
+
+/// The keys of `slot` on the master serving it: the count from `CLUSTER
+/// COUNTKEYSINSLOT` and the names from `CLUSTER GETKEYSINSLOT`, sorted.
+pub async fn keys_in_slot(slot: u16) -> (u64, Vec<String>) {
+    let master = cluster()
+        .master_port_for_slot(slot)
+        .await
+        .expect("master of the slot");
+    let mut c = node(master).await;
+    let count: u64 = redis::cmd("CLUSTER")
+        .arg("COUNTKEYSINSLOT")
+        .arg(slot)
+        .query_async(&mut c)
+        .await
+        .expect("CLUSTER COUNTKEYSINSLOT");
+    let mut keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(100_000)
+        .query_async(&mut c)
+        .await
+        .expect("CLUSTER GETKEYSINSLOT");
+    keys.sort();
+    (count, keys)
+}
+
+/// The slot of `show`'s keys and the port of the master serving it.
+pub async fn slot_and_master(show: &str) -> (u16, u16) {
+    let slot = seathold::keys::KeySpace::new("seat-hold:").show_slot(show);
+    let master = cluster()
+        .master_port_for_slot(slot)
+        .await
+        .expect("master of the slot");
+    (slot, master)
+}
+
+/// The port of the (first) replica of the master on `master`, from its
+/// `INFO replication`.
+pub async fn replica_of(master: u16) -> u16 {
+    let info: String = redis::cmd("INFO")
+        .arg("replication")
+        .query_async(&mut node(master).await)
+        .await
+        .expect("INFO replication");
+    info.lines()
+        .filter(|l| l.starts_with("slave"))
+        .find_map(|l| {
+            l.split(',')
+                .find_map(|kv| kv.strip_prefix("port="))?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("master {master} has no replica:\n{info}"))
+}
+
+/// `CLIENT LIST` of one node, one map of fields per connection.
+pub async fn client_list(port: u16) -> Vec<BTreeMap<String, String>> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut node(port).await)
+        .await
+        .expect("CLIENT LIST");
+    list.lines()
+        .map(|l| {
+            l.split(' ')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect()
+        })
+        .collect()
+}
+
+/// Brings the cluster back to health after a test changed its shape:
+/// resumes the nodes in `paused`, restarts the nodes in `killed`, and waits
+/// until every node agrees on a full slot map.
+pub async fn heal(paused: &[u16], killed: &[u16]) {
+    for &port in paused {
+        cluster().resume(port).expect("SIGCONT");
+    }
+    for &port in killed {
+        cluster().restart(port).await.expect("restart the node");
+    }
+    cluster()
+        .wait_until_ok(Duration::from_secs(30))
+        .await
+        .expect("cluster healthy again");
+}
+
+/// The one serialisation lock of a test binary. A test that changes the
+/// cluster's shape (kills, freezes, moves slots) or that needs every other
+/// test of its binary quiet (it counts Redis commands, or process-wide
+/// metrics) takes it [`exclusive`]ly; every other test of such a binary
+/// takes it [`shared`], so that it never runs beside one of those.
+fn lock() -> &'static tokio::sync::RwLock<()> {
+    static LOCK: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+    &LOCK
+}
+
+/// Runs alone in its binary: see [`lock`]. Starts from a healthy cluster
+/// even when an earlier exclusive test failed before healing it: paused
+/// nodes are resumed and killed nodes restarted first.
+pub async fn exclusive() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    let guard = lock().write().await;
+    let nodes = cluster().nodes();
+    let paused: Vec<u16> = nodes.iter().filter(|n| n.paused).map(|n| n.port).collect();
+    let killed: Vec<u16> = nodes
+        .iter()
+        .filter(|n| n.pid.is_none())
+        .map(|n| n.port)
+        .collect();
+    if !paused.is_empty() || !killed.is_empty() {
+        heal(&paused, &killed).await;
+    }
+    guard
+}
+
+/// Runs beside other shared tests, never beside an exclusive one.
+pub async fn shared() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    lock().read().await
+}
+
+/// Asserts an error answer: its status, its `error` code and a non-empty
+/// human `message`.
+#[track_caller]
+pub fn assert_error(status: u16, body: &Value, want_status: u16, code: &str) {
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (want_status, Some(code)),
+        "expected {want_status} {code}, got {status}: {body}"
+    );
+    assert!(
+        body["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "an error without a message: {body}"
+    );
 }
 
 /// Waits until `GET {base}/readyz` answers `status`.
@@ -290,4 +479,102 @@ where
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A `seathold serve` process of the real binary against the test cluster;
+/// killed (SIGKILL) when dropped if it is still running.
+pub struct Daemon {
+    pub child: std::process::Child,
+    pub addr: SocketAddr,
+    pub base: String,
+}
+
+impl Daemon {
+    /// Starts `seathold serve` on a free port with `extra` flags and waits
+    /// until its `/readyz` answers 200.
+    pub async fn start(extra: &[&str]) -> Daemon {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_seathold"))
+            .arg("serve")
+            .args(["--listen", &addr.to_string()])
+            .args(["--redis-nodes", &cluster().seed_urls().join(",")])
+            .args(extra)
+            .env("SEATHOLD_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn seathold");
+        let daemon = Daemon {
+            child,
+            addr,
+            base: format!("http://{addr}"),
+        };
+        wait_readyz(
+            &reqwest::Client::new(),
+            &daemon.base,
+            200,
+            Duration::from_secs(30),
+        )
+        .await;
+        daemon
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `sig` (e.g. "TERM") with the shell's kill builtin: no procps
+    /// needed.
+    pub fn signal(&self, sig: &str) {
+        let pid = self.pid();
+        let ok = std::process::Command::new("/bin/sh")
+            .args(["-c", &format!("kill -{sig} {pid}")])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{sig} {pid}");
+    }
+
+    /// Waits for the process to exit, up to `limit`; answers its exit code
+    /// (None: still running, or killed by a signal).
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        None
+    }
+
+    /// The `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.base))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Parses Prometheus text into `name{labels}` -> value.
+pub fn scrape(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_owned(), value.parse().ok()?))
+        })
+        .collect()
 }
