@@ -37,6 +37,10 @@ fn tries(key: &str) -> Vec<Try> {
         }
         Try { rule, cmd }
     };
+    let stream = format!("{key}#events");
+    let index = format!("{key}#deadlines");
+    let stream = stream.as_str();
+    let index = index.as_str();
     vec![
         // The TTL makes the key go by itself should the DEL be refused.
         t("+set", &["SET", key, "0", "PX", "60000"]),
@@ -47,6 +51,19 @@ fn tries(key: &str) -> Vec<Try> {
         t("+pexpire", &["PEXPIRE", key, "60000"]),
         t("+pttl", &["PTTL", key]),
         t("+pexpiretime", &["PEXPIRETIME", key]),
+        t("+pexpireat", &["PEXPIREAT", key, "99999999999999"]),
+        t("+xadd", &["XADD", stream, "MAXLEN", "~", "100", "*", "t", "doctor"]),
+        t("+xrange", &["XRANGE", stream, "-", "+", "COUNT", "1"]),
+        t("+xrevrange", &["XREVRANGE", stream, "+", "-", "COUNT", "1"]),
+        t("+xread", &["XREAD", "COUNT", "1", "STREAMS", stream, "0-0"]),
+        t("+xinfo|stream", &["XINFO", "STREAM", stream]),
+        t("+xdel", &["XDEL", stream, "0-1"]),
+        t("+zadd", &["ZADD", index, "1", "doctor"]),
+        t("+zrangebyscore", &["ZRANGEBYSCORE", index, "-inf", "+inf"]),
+        t("+zrange", &["ZRANGE", index, "0", "0", "WITHSCORES"]),
+        t("+zrem", &["ZREM", index, "doctor"]),
+        t("+scan", &["SCAN", "0", "MATCH", "none", "COUNT", "1"]),
+        t("+del", &["DEL", stream, index]),
         t("+script|load", &["SCRIPT", "LOAD", PROBE_SCRIPT]),
         t("+evalsha", &["EVALSHA", &sha, "1", key]),
         t("+eval", &["EVAL", PROBE_SCRIPT, "1", key]),
