@@ -17,9 +17,10 @@ Starts `seathold dev` (a fresh local Redis Cluster plus the daemon, all on
   hot4  four-seat holds that all go to one hot show
   read  GET /v1/shows/{show}/seats/{seat}, random show, free seat
 
-then a growth table (N-seat holds for N = 1 2 4 8 16 20 over /holds) and
+then a growth table (N-seat holds for N = 1 2 4 8 16 20 over /holds),
 single-seat holds on a fresh 1-master cluster versus a fresh 3-master
-cluster. Each step is warmed up briefly first; then every master is
+cluster, and single- and four-seat holds with event streams off
+(`--events off`) and on, each against the raw SET/s of its own round. Each step is warmed up briefly first; then every master is
 emptied (FLUSHALL), so that every measurement, raw included, starts from an
 empty keyspace. Every HTTP response is
 counted by status; a step with any answer other than 201 (200 for reads),
@@ -44,8 +45,8 @@ Options:
       --wait-idle SECONDS  before each step, wait up to this long for the rest
                            of the machine to go quiet (below 25% of one core
                            busy besides our own cluster) (default 0: don't)
-      --sections LIST      comma-separated subset of main,growth,masters
-                           (default: all three)
+      --sections LIST      comma-separated subset of main,growth,masters,events
+                           (default: all four)
   -o, --out FILE           machine-readable results (TSV) go here
                            (default: a new file in ${TMPDIR:-/tmp})
       --bin PATH           use this seathold binary instead of building
@@ -67,7 +68,7 @@ warmup=2
 connections=50
 threads=2
 replicas=1
-sections="main,growth,masters"
+sections="main,growth,masters,events"
 wait_idle=0
 retries=2
 rounds=3
@@ -212,11 +213,12 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# start_daemon MASTERS: starts `seathold dev` and waits for /readyz.
+# start_daemon MASTERS [DEV_ARGS...]: starts `seathold dev` and waits for /readyz.
 start_daemon() {
   local masters=$1
+  shift
   daemon_log="$work/daemon-$masters-$(date +%s%N).log"
-  SEATHOLD_LOG=warn "$bin" dev --listen 127.0.0.1:0 --masters "$masters" --replicas "$replicas" \
+  SEATHOLD_LOG=warn "$bin" dev --listen 127.0.0.1:0 --masters "$masters" --replicas "$replicas" "$@" \
     </dev/null >"$daemon_log" 2>&1 &
   daemon_pid=$!
   local deadline=$((SECONDS + 90))
@@ -651,6 +653,7 @@ main_line() {
 main_lines=()
 growth_lines=()
 masters_lines=()
+events_lines=()
 
 # ---------------------------------------------------------------- run
 
@@ -726,6 +729,44 @@ if has_section masters; then
   done
 fi
 
+if has_section events; then
+  # Event streams off and on, each on a fresh 3-master cluster, in rounds
+  # of raw SET, single- and four-seat holds; ratios to the round's own raw.
+  declare -A E=()
+  for events in off on; do
+    start_daemon 3 --events "$events"
+    for ((round = 1; round <= rounds; round++)); do
+      echo "  events $events: round $round of $rounds" >&2
+      run_raw events "raw-ev$events"
+      raw=${R[ok_rps]}
+      record events "raw-ev$events.r$round" 3 "$raw"
+      for spec in "hold1 hold1.lua 1" "hold4 holds.lua 4"; do
+        read -r step lua seats <<<"$spec"
+        run_wrk events "$step-ev$events" "$lua" 201 "$seats" 1000000
+        record events "$step-ev$events.r$round" 3 "$raw"
+        E[$step,$events]+=" $(ratio "${R[ok_rps]}" "$raw")"
+        E[$step,$events,rps]+=" ${R[ok_rps]}"
+        E[$step,$events,p99]+=" ${R[p99]}"
+        [[ "${R[valid]}" == ok ]] || E[$step,$events,invalid]="${R[valid]} (${R[statuses]})"
+      done
+    done
+    stop_daemon
+  done
+  for step in hold1 hold4; do
+    read -r -a off <<<"${E[$step,off]}"
+    read -r -a on <<<"${E[$step,on]}"
+    read -r -a offrps <<<"${E[$step,off,rps]}"
+    read -r -a onrps <<<"${E[$step,on,rps]}"
+    read -r -a offp99 <<<"${E[$step,off,p99]}"
+    read -r -a onp99 <<<"${E[$step,on,p99]}"
+    check="${E[$step,off,invalid]:-}${E[$step,on,invalid]:-}"
+    events_lines+=("$(printf '%-6s %9s %6s %8s %9s %6s %8s %9s  %s' "$step" \
+      "$(median "${offrps[@]}")" "$(median "${off[@]}")" "$(median "${offp99[@]}")" \
+      "$(median "${onrps[@]}")" "$(median "${on[@]}")" "$(median "${onp99[@]}")" \
+      "$(ratio "$(median "${on[@]}")" "$(median "${off[@]}")")" "${check:-ok}")")
+  done
+fi
+
 # ---------------------------------------------------------------- report
 
 echo
@@ -749,6 +790,13 @@ if ((${#masters_lines[@]})); then
   echo "Masters: single-seat holds (random shows) on fresh clusters"
   printf '%7s %10s %7s %7s %10s %7s %7s %7s  %s\n' masters "raw SET/s" p50 p99 "holds/s" p50 p99 "x raw" check
   printf '%s\n' "${masters_lines[@]}"
+fi
+if ((${#events_lines[@]})); then
+  echo
+  echo "Event streams: holds with --events off and on, 3 masters, median of $rounds round(s);"
+  echo "x raw = holds/s divided by the raw SET/s of the same round; on/off = the two x raw"
+  printf '%-6s %9s %6s %8s %9s %6s %8s %9s  %s\n' step "off /s" "x raw" "p99" "on /s" "x raw" "p99" "on/off" check
+  printf '%s\n' "${events_lines[@]}"
 fi
 echo
 echo "CPU during each measured step, percent of one core (max $((ncpu * 100))); client = wrk or redis-benchmark"

@@ -11,7 +11,8 @@ pub const HOLDS: &str = "seathold_holds_total";
 pub const SEATS_HELD: &str = "seathold_seats_held_total";
 /// Hold requests refused with 409 (contract).
 pub const HOLD_CONFLICTS: &str = "seathold_hold_conflicts_total";
-/// Holds that expired in Redis, from keyspace events (contract).
+/// Holds that expired without release or confirm: the `expired` events
+/// this instance wrote, so the sum over instances is the truth (contract).
 pub const HOLD_EXPIRIES: &str = "seathold_hold_expiries_total";
 /// Holds released (contract).
 pub const RELEASES: &str = "seathold_releases_total";
@@ -36,6 +37,8 @@ pub const IDEMPOTENT_REPLAYS: &str = "seathold_idempotent_replays_total";
 
 /// Events this instance wrote to the shows' streams, by `type` (contract, 1.1).
 pub const EVENTS: &str = "seathold_events_total";
+/// The `type`s of events this version writes.
+pub const EVENT_TYPES: [&str; 5] = ["held", "extended", "released", "confirmed", "expired"];
 /// Event-stream subscribers (SSE clients) of this instance (contract, 1.1).
 pub const EVENT_SUBSCRIBERS: &str = "seathold_event_subscribers";
 /// Event time (its stream id) to its write to a subscriber (contract, 1.1).
@@ -137,7 +140,36 @@ fn describe() {
     );
     describe_counter!(
         HOLD_EXPIRIES,
-        "Holds that expired in Redis without release or confirm, from keyspace expiry events; trails the TTL."
+        "Holds that expired without release or confirm: the expired events this instance wrote (with --events off, the keyspace expiry events it saw)."
+    );
+    describe_counter!(
+        EVENTS,
+        "Events this instance wrote to the shows' streams, by type; summed over instances, the true figure."
+    );
+    describe_gauge!(
+        EVENT_SUBSCRIBERS,
+        "Event-stream (SSE) subscribers of this instance."
+    );
+    describe_histogram!(
+        EVENT_DELIVERY,
+        Unit::Seconds,
+        "Time from an event (its stream id, Redis's clock) to its write to a subscriber."
+    );
+    describe_gauge!(
+        EVENT_READERS,
+        "Shows whose stream this instance reads: one reader per show."
+    );
+    describe_counter!(
+        EVENT_SUBSCRIBERS_DROPPED,
+        "Event subscribers disconnected because they fell too far behind."
+    );
+    describe_counter!(
+        SWEEP_FAILURES,
+        "Sweeps of a show's deadline index that failed; expired events wait while this grows."
+    );
+    describe_gauge!(
+        SWEPT_SHOWS,
+        "Shows with live holds whose deadlines this instance watches."
     );
     describe_counter!(RELEASES, "Holds released.");
     describe_counter!(
@@ -223,9 +255,15 @@ pub fn register_zeroes() {
         HTTP_OVERLOADED,
         EXPIRY_RESUBSCRIPTIONS,
         DIRECT_FALLBACKS,
+        EVENT_SUBSCRIBERS_DROPPED,
+        SWEEP_FAILURES,
     ] {
         metrics::counter!(name).increment(0);
     }
+    for kind in EVENT_TYPES {
+        metrics::counter!(EVENTS, "type" => kind).increment(0);
+    }
+    let _ = metrics::histogram!(EVENT_DELIVERY);
     for kind in crate::cluster::RedisFault::ALL {
         metrics::counter!(REDIS_ERRORS, "kind" => kind.label()).increment(0);
     }
@@ -241,6 +279,9 @@ pub fn register_zeroes() {
         DIRECT_CONNECTIONS,
         MASTERS,
         EXPIRY_SUBSCRIPTIONS,
+        EVENT_SUBSCRIBERS,
+        EVENT_READERS,
+        SWEPT_SHOWS,
     ] {
         metrics::gauge!(gauge).set(0.0);
     }
