@@ -62,12 +62,7 @@ async fn hold_read_extend_release() {
     assert_eq!(read["seats"], json!(["E7", "E8"]));
     assert_eq!(read["fence"], hold["fence"]);
 
-    let (status, ext) = s
-        .post(
-            &format!("/v1/shows/{sh}/holds/{t}/extend"),
-            json!({"ttlMs": 120000}),
-        )
-        .await;
+    let (status, ext) = s.extend(&sh, &t, 120000).await;
     assert_eq!(status, 200, "{ext}");
     assert!(
         ext["expiresInMs"].as_i64().is_some_and(|v| v > 119_000),
@@ -104,10 +99,7 @@ async fn hold_read_extend_release() {
     common::assert_error(status, &body, 404, "hold_not_found");
     let (_, seat) = s.get(&format!("/v1/shows/{sh}/seats/E7")).await;
     assert_eq!(seat, json!({"show": sh, "seat": "E7", "state": "free"}));
-    let exists: bool = r
-        .exists(format!("seat-hold:{{show:{sh}}}#hold:{t}"))
-        .await
-        .expect("exists");
+    let exists = common::hold_record_exists(&mut r, &sh, &t).await;
     assert!(!exists, "the hold record is gone");
 }
 
@@ -326,12 +318,7 @@ async fn stale_token_changes_nothing() {
         .call("DELETE", &format!("/v1/shows/{sh}/holds/{alice}"), None)
         .await;
     common::assert_error(status, &body, 404, "hold_not_found");
-    let (status, body) = s
-        .post(
-            &format!("/v1/shows/{sh}/holds/{alice}/extend"),
-            json!({"ttlMs": 1000}),
-        )
-        .await;
+    let (status, body) = s.extend(&sh, &alice, 1000).await;
     common::assert_error(status, &body, 404, "hold_not_found");
     let (status, _) = s
         .post(&format!("/v1/shows/{sh}/holds/{alice}/confirm"), json!({}))
@@ -389,12 +376,7 @@ async fn a_live_hold_whose_seat_was_taken_over_changes_nothing_of_it() {
     // Past the millisecond, so that a PEXPIRE would show in PEXPIRETIME.
     tokio::time::sleep(Duration::from_millis(5)).await;
 
-    let (status, body) = s
-        .post(
-            &format!("/v1/shows/{sh}/holds/{alice}/extend"),
-            json!({"ttlMs": 900_000}),
-        )
-        .await;
+    let (status, body) = s.extend(&sh, &alice, 900_000).await;
     common::assert_error(status, &body, 404, "hold_not_found");
     let e7_value: Option<String> = r.get(&e7).await.expect("GET E7");
     assert_eq!(e7_value.as_deref(), Some(bob.as_str()), "E7 is Bob's still");
@@ -436,10 +418,7 @@ async fn a_live_hold_whose_seat_was_taken_over_changes_nothing_of_it() {
     assert_eq!(expire_time(&mut r, &e7).await, e7_expiry, "E7's TTL moved");
     let e8_exists: bool = r.exists(&e8).await.expect("EXISTS E8");
     assert!(!e8_exists, "E8, still Alice's, is released");
-    let record: bool = r
-        .exists(format!("seat-hold:{{show:{sh}}}#hold:{alice}"))
-        .await
-        .expect("EXISTS");
+    let record = common::hold_record_exists(&mut r, &sh, &alice).await;
     assert!(!record, "the hold record is gone");
 }
 
@@ -544,21 +523,11 @@ async fn extend_past_lifetime_cap_is_refused_and_changes_nothing() {
     let sh = show("cap");
     let hold = s.hold(&sh, &["L1"]).await;
     let t = token(&hold);
-    let (status, body) = s
-        .post(
-            &format!("/v1/shows/{sh}/holds/{t}/extend"),
-            json!({"ttlMs": 2500}),
-        )
-        .await;
+    let (status, body) = s.extend(&sh, &t, 2500).await;
     assert_eq!(status, 200, "within the cap: {body}");
     tokio::time::sleep(Duration::from_millis(800)).await;
     let (_, before) = s.get(&format!("/v1/shows/{sh}/holds/{t}")).await;
-    let (status, body) = s
-        .post(
-            &format!("/v1/shows/{sh}/holds/{t}/extend"),
-            json!({"ttlMs": 2500}),
-        )
-        .await;
+    let (status, body) = s.extend(&sh, &t, 2500).await;
     assert_eq!(status, 422, "{body}");
     assert_eq!(body["error"], "lifetime_exceeded");
     let (_, after) = s.get(&format!("/v1/shows/{sh}/holds/{t}")).await;
@@ -574,12 +543,7 @@ async fn extend_past_lifetime_cap_is_refused_and_changes_nothing() {
         .expect("pttl");
     assert!(pttl <= b, "seat TTL unchanged: {pttl}");
     // Over --max-ttl-ms is a 400, not a 422.
-    let (status, body) = s
-        .post(
-            &format!("/v1/shows/{sh}/holds/{t}/extend"),
-            json!({"ttlMs": 3001}),
-        )
-        .await;
+    let (status, body) = s.extend(&sh, &t, 3001).await;
     common::assert_error(status, &body, 400, "invalid_ttl");
 }
 
@@ -633,15 +597,7 @@ async fn confirm_sells_is_idempotent_and_replicated() {
             .0,
         404
     );
-    assert_eq!(
-        s.post(
-            &format!("/v1/shows/{sh}/holds/{t}/extend"),
-            json!({"ttlMs": 1000})
-        )
-        .await
-        .0,
-        404
-    );
+    assert_eq!(s.extend(&sh, &t, 1000).await.0, 404);
     let (status, again) = s
         .call("POST", &format!("/v1/shows/{sh}/holds/{t}/confirm"), None)
         .await;
@@ -731,12 +687,7 @@ async fn multi_show_holds_in_one_slot() {
     let fb = s.hold(&b, &["Z9"]).await["fence"].as_i64().expect("fence");
     assert!(fb > hold["fence"].as_i64().expect("fence"));
 
-    let (status, ext) = s
-        .post(
-            &format!("/v1/shows/{a}/holds/{t}/extend"),
-            json!({"ttlMs": 90000}),
-        )
-        .await;
+    let (status, ext) = s.extend(&a, &t, 90000).await;
     assert_eq!(status, 200, "{ext}");
     let (status, c) = s
         .call("POST", &format!("/v1/shows/{a}/holds/{t}/confirm"), None)

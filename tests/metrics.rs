@@ -88,15 +88,7 @@ async fn counters_follow_a_known_sequence() {
     // 2 extends.
     let tb = b["holdToken"].as_str().expect("token");
     for _ in 0..2 {
-        assert_eq!(
-            s.post(
-                &format!("/v1/shows/{sh}/holds/{tb}/extend"),
-                json!({"ttlMs": 60000})
-            )
-            .await
-            .0,
-            200
-        );
+        assert_eq!(s.extend(&sh, tb, 60000).await.0, 200);
     }
     // 1 confirm; the idempotent repeat is not a second sale.
     let tc = c["holdToken"].as_str().expect("token");

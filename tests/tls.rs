@@ -281,12 +281,7 @@ async fn the_api_works_over_tls() {
     assert_eq!(status, 200, "{read}");
     assert_eq!(read["seats"], json!(["E7", "E8"]));
     assert_eq!(read["fence"], hold["fence"]);
-    let (status, ext) = s
-        .post(
-            &format!("/v1/shows/{sh}/holds/{t}/extend"),
-            json!({"ttlMs": 120000}),
-        )
-        .await;
+    let (status, ext) = s.extend(&sh, &t, 120000).await;
     assert_eq!(status, 200, "{ext}");
     assert!(
         ext["expiresInMs"].as_i64().is_some_and(|v| v > 119_000),

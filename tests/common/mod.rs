@@ -152,6 +152,15 @@ impl TestServer {
         body
     }
 
+    /// `POST …/holds/{token}/extend` with `ttlMs`: status and body.
+    pub async fn extend(&self, show: &str, token: &str, ttl_ms: u64) -> (u16, Value) {
+        self.post(
+            &format!("/v1/shows/{show}/holds/{token}/extend"),
+            serde_json::json!({ "ttlMs": ttl_ms }),
+        )
+        .await
+    }
+
     /// `GET /metrics` as text.
     pub async fn metrics(&self) -> String {
         self.http
@@ -207,6 +216,15 @@ pub async fn redis() -> ClusterConnection {
         .get_async_connection()
         .await
         .expect("cluster connection")
+}
+
+/// Whether the hold record of `token` of `show` exists in Redis.
+pub async fn hold_record_exists(r: &mut ClusterConnection, show: &str, token: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(format!("seat-hold:{{show:{show}}}#hold:{token}"))
+        .query_async(r)
+        .await
+        .expect("EXISTS")
 }
 
 /// A plain connection to one node.
