@@ -52,13 +52,7 @@ impl Script {
         C: ConnectionLike + Send,
         T: FromRedisValue,
     {
-        let build = |verb: &str, script: &str| {
-            let mut cmd = redis::cmd(verb);
-            cmd.arg(script).arg(keys.len()).arg(keys);
-            args(&mut cmd);
-            cmd
-        };
-        match build("EVALSHA", &self.sha).query_async(con).await {
+        match self.command("EVALSHA", keys, &args).query_async(con).await {
             Err(err) if err.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
                 tracing::info!(
                     script = self.name,
@@ -66,14 +60,26 @@ impl Script {
                 );
                 metrics::counter!(crate::metrics::SCRIPT_RELOADS, "script" => self.name)
                     .increment(1);
-                build("EVAL", self.body).query_async(con).await
+                self.command("EVAL", keys, &args).query_async(con).await
             }
             other => other,
         }
     }
-}
 
-impl Script {
+    /// `EVALSHA <sha>` or `EVAL <body>`, then the keys and the arguments.
+    fn command(&self, verb: &str, keys: &[String], args: impl Fn(&mut Cmd)) -> Cmd {
+        let mut cmd = redis::cmd(verb);
+        cmd.arg(if verb == "EVAL" {
+            self.body
+        } else {
+            self.sha.as_str()
+        })
+        .arg(keys.len())
+        .arg(keys);
+        args(&mut cmd);
+        cmd
+    }
+
     /// Runs the script on the node an `ASK` redirect named: `ASKING` and
     /// then `EVAL` with the body, in one pipeline, so that the flag goes
     /// with this very command and a node that never saw the script runs it.
@@ -87,13 +93,10 @@ impl Script {
         C: ConnectionLike + Send,
         T: FromRedisValue,
     {
-        let mut eval = redis::cmd("EVAL");
-        eval.arg(self.body).arg(keys.len()).arg(keys);
-        args(&mut eval);
         let (reply,): (T,) = redis::pipe()
             .cmd("ASKING")
             .ignore()
-            .add_command(eval)
+            .add_command(self.command("EVAL", keys, args))
             .query_async(con)
             .await?;
         Ok(reply)
