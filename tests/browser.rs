@@ -107,6 +107,7 @@ impl ChromeDriver {
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "goog:chromeOptions": {"binary": self.browser, "args": args},
+            "goog:loggingPrefs": {"browser": "ALL"},
         }}});
         let resp = self
             .http
@@ -213,6 +214,19 @@ impl Browser {
     async fn run_async(&self, script: &str, args: Value) -> Value {
         self.post("execute/async", json!({"script": script, "args": args}))
             .await
+    }
+
+    /// The console's error lines since the last call (CSP violations,
+    /// exceptions, failed loads); chromedriver's log extension.
+    async fn console_errors(&self) -> Vec<String> {
+        let entries = self.post("se/log", json!({"type": "browser"})).await;
+        entries
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["level"] == "SEVERE")
+            .map(|e| e["message"].as_str().unwrap_or_default().to_owned())
+            .collect()
     }
 
     async fn screenshot(&self) -> Vec<u8> {
@@ -527,6 +541,12 @@ async fn two_pages_follow_one_show_live() {
     assert_eq!(message, "Your hold on seat C1 expired.");
     let (_, state) = server.get(&format!("/v1/shows/{show}/seats/C1")).await;
     assert_eq!(state["state"], "free");
+
+    // Nothing so far broke a rule of the page's CSP or threw.
+    for page in [&a, &b] {
+        let errors = page.browser.console_errors().await;
+        assert!(errors.is_empty(), "page {}: {errors:#?}", page.name);
+    }
 
     // The daemon restarts on its address: the pages notice, their browsers
     // reconnect by themselves with Last-Event-ID, and what happened
