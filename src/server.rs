@@ -315,6 +315,20 @@ macro_rules! say {
     }};
 }
 
+/// Where a browser on this machine reaches the seat map: a wildcard listen
+/// address (`0.0.0.0`, `[::]`) is not one to browse, and the page needs a
+/// secure context (loopback counts) for `crypto.subtle`.
+fn page_base(listener: &TcpListener, opts: &Options) -> String {
+    let mut addr = listener.local_addr().unwrap_or(opts.listen);
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    format!("http://{addr}")
+}
+
 /// `seathold dev`: a local cluster, the API on it, and a clean stop.
 pub async fn dev(dev: DevOptions, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
     let mut opts = dev.options;
@@ -339,6 +353,10 @@ pub async fn dev(dev: DevOptions, shutdown: impl Future<Output = ()>) -> Result<
     say!("Redis Cluster nodes: {}", opts.redis_nodes.join(","));
     say!("Redis data folder:   {}", cluster.dir().display());
     say!("seathold is serving on {url}  (Ctrl-C stops it and the cluster)\n");
+    if opts.ui.is_on() {
+        let page = format!("{}/ui/shows/42", page_base(&listener, &opts));
+        say!("  open {page} in a browser for the live seat map of show 42\n");
+    }
     say!("  curl -s -XPOST {url}/v1/shows/42/holds -H 'content-type: application/json' -d '{{\"seats\":[\"E7\",\"E8\"]}}'");
     say!("  curl -s {url}/v1/shows/42/seats/E7\n");
     let result = run(opts, listener, shutdown).await;

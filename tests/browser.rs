@@ -1,0 +1,711 @@
+//! The live seat map, `GET /ui/shows/{show}`, in a real browser: headless
+//! Chromium driven by chromedriver over the W3C WebDriver HTTP protocol.
+//! Two pages of one show follow each other's holds, releases, sales and
+//! expiries through the event stream, each within its bound; a screenshot
+//! of one page is left in `target/seatmap.png` for a human. And `seathold
+//! dev` prints the page's URL unless `--ui off`.
+//!
+//! Needs `chromium` and `chromedriver` on PATH (Debian/Ubuntu: `apt-get
+//! install chromium chromium-driver`); without them the tests fail saying
+//! so, they never skip.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use serde_json::{json, Value};
+
+const INSTALL: &str = "the browser tests need Chromium and chromedriver on PATH: \
+     `sudo apt-get install chromium chromium-driver` on Debian/Ubuntu";
+
+/// The key of an element reference in WebDriver answers.
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+fn on_path(names: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|dir| names.iter().map(move |n| dir.join(n)))
+        .find(|p| p.is_file())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A chromedriver on a free loopback port, in a process group of its own:
+/// dropping it kills that group, so no browser outlives the test.
+struct ChromeDriver {
+    child: Child,
+    addr: SocketAddr,
+    browser: PathBuf,
+    http: reqwest::Client,
+}
+
+impl ChromeDriver {
+    async fn start() -> Self {
+        let driver = on_path(&["chromedriver"])
+            .unwrap_or_else(|| panic!("no chromedriver on PATH; {INSTALL}"));
+        let browser = on_path(&["chromium", "chromium-browser"])
+            .unwrap_or_else(|| panic!("no chromium on PATH; {INSTALL}"));
+        let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let child = Command::new(driver)
+            .arg(format!("--port={}", addr.port()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start chromedriver: {e}; {INSTALL}"));
+        let driver = Self {
+            child,
+            addr,
+            browser,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .expect("http client"),
+        };
+        let status = format!("http://{addr}/status");
+        common::eventually(Duration::from_secs(20), "chromedriver ready", || async {
+            match driver.http.get(&status).send().await {
+                Ok(r) => r
+                    .json::<Value>()
+                    .await
+                    .is_ok_and(|v| v["value"]["ready"] == true),
+                Err(_) => false,
+            }
+        })
+        .await;
+        driver
+    }
+
+    /// A new browser with a profile of its own: pages of two sessions share
+    /// no storage, as two customers would not.
+    async fn session(&self) -> Browser {
+        let profile = tempfile::tempdir().expect("profile dir");
+        let args = [
+            "--headless=new".to_owned(),
+            "--no-sandbox".to_owned(),
+            "--disable-gpu".to_owned(),
+            "--disable-dev-shm-usage".to_owned(),
+            "--disable-background-networking".to_owned(),
+            "--disable-component-update".to_owned(),
+            "--disable-sync".to_owned(),
+            "--no-first-run".to_owned(),
+            "--window-size=1100,720".to_owned(),
+            format!("--user-data-dir={}", profile.path().display()),
+        ];
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {"binary": self.browser, "args": args},
+            "goog:loggingPrefs": {"browser": "ALL"},
+        }}});
+        let resp = self
+            .http
+            .post(format!("http://{}/session", self.addr))
+            .json(&caps)
+            .send()
+            .await
+            .expect("new session");
+        let status = resp.status();
+        let body: Value = resp.json().await.expect("new session answer");
+        let id = body["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| {
+                panic!("chromedriver started no browser ({status}): {body}; {INSTALL}")
+            })
+            .to_owned();
+        Browser {
+            http: self.http.clone(),
+            addr: self.addr,
+            url: format!("http://{}/session/{id}", self.addr),
+            id,
+            open: true,
+            _profile: profile,
+        }
+    }
+}
+
+impl Drop for ChromeDriver {
+    fn drop(&mut self) {
+        // The group: chromedriver and every browser process it started.
+        let _ = Command::new("/bin/sh")
+            .args(["-c", &format!("kill -9 -{}", self.child.id())])
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One WebDriver session: a browser with one page.
+struct Browser {
+    http: reqwest::Client,
+    addr: SocketAddr,
+    url: String,
+    id: String,
+    open: bool,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    /// A WebDriver command; answers its `value`, panics on an error.
+    async fn command(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let url = if path.is_empty() {
+            self.url.clone()
+        } else {
+            format!("{}/{path}", self.url)
+        };
+        let mut req = self.http.request(method.clone(), &url);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let resp = req
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let status = resp.status();
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        assert!(status.is_success(), "{method} {path}: {status} {body}");
+        body["value"].clone()
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Value {
+        self.command(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    async fn goto(&self, url: &str) {
+        self.post("url", json!({ "url": url })).await;
+    }
+
+    /// The element reference of the first match of `css`.
+    async fn find(&self, css: &str) -> String {
+        let found = self
+            .post("element", json!({"using": "css selector", "value": css}))
+            .await;
+        found[ELEMENT]
+            .as_str()
+            .unwrap_or_else(|| panic!("no element {css}: {found}"))
+            .to_owned()
+    }
+
+    async fn click(&self, css: &str) {
+        let element = self.find(css).await;
+        self.post(&format!("element/{element}/click"), json!({}))
+            .await;
+    }
+
+    /// Runs `script` (a function body; `arguments` are `args`) in the page.
+    async fn run(&self, script: &str, args: Value) -> Value {
+        self.post("execute/sync", json!({"script": script, "args": args}))
+            .await
+    }
+
+    /// Like [`Browser::run`], for a script that ends by calling its last
+    /// argument with the result.
+    async fn run_async(&self, script: &str, args: Value) -> Value {
+        self.post("execute/async", json!({"script": script, "args": args}))
+            .await
+    }
+
+    /// The console's error lines since the last call (CSP violations,
+    /// exceptions, failed loads); chromedriver's log extension.
+    async fn console_errors(&self) -> Vec<String> {
+        let entries = self.post("se/log", json!({"type": "browser"})).await;
+        entries
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["level"] == "SEVERE")
+            .map(|e| e["message"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    async fn screenshot(&self) -> Vec<u8> {
+        let png = self.command(reqwest::Method::GET, "screenshot", None).await;
+        base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().expect("base64 PNG"))
+            .expect("a PNG")
+    }
+
+    /// Ends the session; the browser quits.
+    async fn quit(mut self) {
+        self.command(reqwest::Method::DELETE, "", None).await;
+        self.open = false;
+    }
+}
+
+impl Drop for Browser {
+    /// A test that failed midway still quits its browser: a plain blocking
+    /// `DELETE /session/{id}`, as async code cannot run here.
+    fn drop(&mut self) {
+        if !self.open {
+            return;
+        }
+        if let Ok(mut s) = std::net::TcpStream::connect_timeout(&self.addr, Duration::from_secs(2))
+        {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+            let _ = write!(
+                s,
+                "DELETE /session/{} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+                self.id, self.addr
+            );
+            let _ = s.read_to_end(&mut Vec::new());
+        }
+    }
+}
+
+/// The seat map as one page shows it.
+struct Page {
+    name: &'static str,
+    browser: Browser,
+}
+
+impl Page {
+    /// Opens `url` and waits until the page follows the show's events.
+    async fn open(&self, url: &str) {
+        self.browser.goto(url).await;
+        self.wait_status("live", Duration::from_secs(10)).await;
+    }
+
+    async fn wait_status(&self, want: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let status = self.status().await;
+            if status == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "page {}: status {status}, not {want}, after {limit:?}; {}",
+                self.name,
+                self.describe().await
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    async fn wait_status_not(&self, left: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.status().await == left {
+            assert!(
+                Instant::now() < deadline,
+                "page {}: still {left} after {limit:?}",
+                self.name
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    async fn status(&self) -> Value {
+        self.browser
+            .run(
+                "return document.getElementById('status').dataset.state;",
+                json!([]),
+            )
+            .await
+    }
+
+    /// Every seat's `data-state`.
+    async fn states(&self) -> Value {
+        self.browser
+            .run(
+                "return Object.fromEntries([...document.querySelectorAll('#seats .seat')]
+                    .map((b) => [b.dataset.seat, b.dataset.state]));",
+                json!([]),
+            )
+            .await
+    }
+
+    async fn state(&self, seat: &str) -> Value {
+        self.browser
+            .run(
+                "const b = document.querySelector(`#seats [data-seat=\"${arguments[0]}\"]`);
+                 return b ? b.dataset.state : null;",
+                json!([seat]),
+            )
+            .await
+    }
+
+    /// What a failure message should show of the page.
+    async fn describe(&self) -> String {
+        let text = self
+            .browser
+            .run(
+                "return document.getElementById('status').textContent + ' | message: '
+                    + document.getElementById('message').textContent;",
+                json!([]),
+            )
+            .await;
+        format!("{text}; seats {}", self.states().await)
+    }
+
+    /// Waits until `seat` shows `want`, at most `limit` after `since`;
+    /// answers the time from `since`.
+    async fn wait_seat(&self, seat: &str, want: &str, since: Instant, limit: Duration) -> Duration {
+        loop {
+            if self.state(seat).await == want {
+                return since.elapsed();
+            }
+            assert!(
+                since.elapsed() < limit,
+                "page {}: seat {seat} not {want} within {limit:?}; {}",
+                self.name,
+                self.describe().await
+            );
+            tokio::time::sleep(Duration::from_millis(15)).await;
+        }
+    }
+
+    async fn click_seat(&self, seat: &str) {
+        self.browser
+            .click(&format!("#seats [data-seat=\"{seat}\"]"))
+            .await;
+    }
+
+    /// This page's holds as it keeps them: seat -> {token, ref, expiresAt}.
+    async fn kept_holds(&self, show: &str) -> Value {
+        let raw = self
+            .browser
+            .run(
+                "return sessionStorage.getItem('seathold:holds:' + arguments[0]);",
+                json!([show]),
+            )
+            .await;
+        serde_json::from_str(raw.as_str().unwrap_or("{}")).expect("kept holds")
+    }
+}
+
+const SECOND: Duration = Duration::from_secs(1);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pages_follow_one_show_live() {
+    let started = Instant::now();
+    // The test cluster starts on a thread while the browsers start.
+    let cluster = tokio::task::spawn_blocking(|| {
+        common::cluster();
+    });
+    let driver = ChromeDriver::start().await;
+    let (a, b) = tokio::join!(driver.session(), driver.session());
+    eprintln!("two browsers after {:?}", started.elapsed());
+    cluster.await.expect("the test cluster");
+    let server = common::server_with(common::options()).await;
+    let show = common::show("ui");
+    let map = format!("{}/ui/shows/{show}?rows=3&cols=6", server.base);
+    let a = Page {
+        name: "A",
+        browser: a,
+    };
+    let b = Page {
+        name: "B",
+        browser: b,
+    };
+    tokio::join!(a.open(&map), b.open(&map));
+    let seats: Vec<String> = "ABC"
+        .chars()
+        .flat_map(|r| (1..=6).map(move |c| format!("{r}{c}")))
+        .collect();
+    let all_free: serde_json::Map<String, Value> =
+        seats.iter().map(|s| (s.clone(), json!("free"))).collect();
+    assert_eq!(a.states().await, Value::Object(all_free.clone()));
+    assert_eq!(b.states().await, Value::Object(all_free));
+    eprintln!("two pages live after {:?}", started.elapsed());
+
+    // A click in A holds the seat: held by me in A, held in B.
+    let click = Instant::now();
+    a.click_seat("A1").await;
+    let in_a = a.wait_seat("A1", "mine", click, SECOND).await;
+    let in_b = b.wait_seat("A1", "held", click, SECOND).await;
+    eprintln!("hold: mine in A after {in_a:?}, held in B after {in_b:?}");
+    // The token A keeps is the daemon's, and A's ref of it is the one events
+    // carry, from crypto.subtle and from the page's own SHA-256 alike.
+    let kept = a.kept_holds(&show).await;
+    let token = kept["A1"]["token"].as_str().expect("A keeps the token");
+    let (status, hold) = server.get(&format!("/v1/shows/{show}/holds/{token}")).await;
+    assert_eq!((status, &hold["seats"]), (200, &json!(["A1"])), "{hold}");
+    let daemon_ref = seathold::ids::HoldToken::parse(token)
+        .expect("a token")
+        .hold_ref();
+    assert_eq!(kept["A1"]["ref"], daemon_ref.as_str(), "{kept}");
+    let js_ref = a
+        .browser
+        .run(
+            "return window.seatmap.sha256Hex(arguments[0]).slice(0, 16);",
+            json!([token]),
+        )
+        .await;
+    assert_eq!(js_ref, daemon_ref.as_str());
+    let subtle_ref = a
+        .browser
+        .run_async(
+            "const done = arguments[arguments.length - 1];
+             window.seatmap.holdRef(arguments[0]).then(done);",
+            json!([token]),
+        )
+        .await;
+    assert_eq!(subtle_ref, daemon_ref.as_str());
+    // A's seat counts down from the hold's expiresInMs (300 s by default).
+    let timer = a
+        .browser
+        .run(
+            "return document.querySelector('#seats [data-seat=\"A1\"] .timer').textContent;",
+            json!([]),
+        )
+        .await;
+    assert!(
+        timer.as_str().is_some_and(|t| t.starts_with("4:5")),
+        "countdown {timer}"
+    );
+
+    // Release in A frees it in both.
+    a.click_seat("A1").await;
+    let click = Instant::now();
+    a.browser.click("#release").await;
+    let in_a = a.wait_seat("A1", "free", click, SECOND).await;
+    let in_b = b.wait_seat("A1", "free", click, SECOND).await;
+    eprintln!("release: free in A after {in_a:?}, in B after {in_b:?}");
+    assert_eq!(a.kept_holds(&show).await, json!({}));
+
+    // Bought in A: sold in both.
+    let click = Instant::now();
+    a.click_seat("A2").await;
+    a.wait_seat("A2", "mine", click, SECOND).await;
+    b.wait_seat("A2", "held", click, SECOND).await;
+    let click = Instant::now();
+    a.browser.click("#confirm").await;
+    let in_a = a.wait_seat("A2", "sold", click, SECOND).await;
+    let in_b = b.wait_seat("A2", "sold", click, SECOND).await;
+    eprintln!("confirm: sold in A after {in_a:?}, in B after {in_b:?}");
+
+    // B's holds show as held in A; a hold of A's own as held by me.
+    let click = Instant::now();
+    b.click_seat("B3").await;
+    b.wait_seat("B3", "mine", click, SECOND).await;
+    a.wait_seat("B3", "held", click, SECOND).await;
+    let click = Instant::now();
+    a.click_seat("B5").await;
+    a.wait_seat("B5", "mine", click, SECOND).await;
+    b.wait_seat("B5", "held", click, SECOND).await;
+    // Colours change with a short transition: let them settle.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let png = a.browser.screenshot().await;
+    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
+    let shot = target.join("seatmap.png");
+    std::fs::write(&shot, png).expect("write the screenshot");
+    eprintln!("screenshot of page A: {}", shot.display());
+
+    // A reload of A with ?ttlMs=1000: the states come back from the batch
+    // route, and A's hold of B5 from its kept token.
+    a.open(&format!("{map}&ttlMs=1000")).await;
+    for (seat, want) in [
+        ("A1", "free"),
+        ("A2", "sold"),
+        ("B3", "held"),
+        ("B5", "mine"),
+    ] {
+        assert_eq!(a.state(seat).await, want, "{seat} after the reload");
+    }
+
+    // A 1 s hold turns free in both by itself: the expiry sweeper writes
+    // `expired` within 1 s of the TTL.
+    let click = Instant::now();
+    a.click_seat("C1").await;
+    a.wait_seat("C1", "mine", click, SECOND).await;
+    b.wait_seat("C1", "held", click, SECOND).await;
+    let limit = Duration::from_millis(2500);
+    let in_a = a.wait_seat("C1", "free", click, limit).await;
+    let in_b = b.wait_seat("C1", "free", click, limit).await;
+    eprintln!("1 s TTL: free in A after {in_a:?}, in B after {in_b:?}");
+    assert!(
+        in_a >= Duration::from_millis(950) && in_b >= Duration::from_millis(950),
+        "freed before its TTL ran out: A {in_a:?}, B {in_b:?}"
+    );
+    let message = a
+        .browser
+        .run(
+            "return document.getElementById('message').textContent;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(message, "Your hold on seat C1 expired.");
+    let (_, state) = server.get(&format!("/v1/shows/{show}/seats/C1")).await;
+    assert_eq!(state["state"], "free");
+
+    // Nothing so far broke a rule of the page's CSP or threw.
+    for page in [&a, &b] {
+        let errors = page.browser.console_errors().await;
+        assert!(errors.is_empty(), "page {}: {errors:#?}", page.name);
+    }
+
+    // The daemon restarts on its address: the pages notice, their browsers
+    // reconnect by themselves with Last-Event-ID, and what happened
+    // meanwhile (a hold through another instance) arrives.
+    let addr = server.addr;
+    server.stop().await;
+    for page in [&a, &b] {
+        page.wait_status_not("live", Duration::from_secs(5)).await;
+    }
+    let other = common::server().await;
+    other.hold(&show, &["C6"]).await;
+    let restarted = Instant::now();
+    let server = common::server_with(seathold::config::Options {
+        listen: addr,
+        ..common::options()
+    })
+    .await;
+    let in_a = a
+        .wait_seat("C6", "held", restarted, Duration::from_secs(10))
+        .await;
+    let in_b = b
+        .wait_seat("C6", "held", restarted, Duration::from_secs(10))
+        .await;
+    eprintln!("restart: the missed hold in A after {in_a:?}, in B after {in_b:?}");
+    for page in [&a, &b] {
+        page.wait_status("live", SECOND).await;
+    }
+
+    // ?seats= chooses the seats, grouped in rows by their letters; an
+    // invalid id is left out and said so.
+    b.open(&format!(
+        "{}/ui/shows/{show}?seats=A2,C6,C1,VIP.1,bad%7B",
+        server.base
+    ))
+    .await;
+    assert_eq!(
+        b.states().await,
+        json!({"A2": "sold", "C6": "held", "C1": "free", "VIP.1": "free"})
+    );
+    let rows = b
+        .browser
+        .run(
+            "return [...document.querySelectorAll('#seats .row')].map((r) => r.getAttribute('aria-label'));",
+            json!([]),
+        )
+        .await;
+    assert_eq!(rows, json!(["Row A", "Row C", "Row VIP"]));
+    let message = b
+        .browser
+        .run(
+            "return document.getElementById('message').textContent;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(message, "\"bad{\" is not a seat id; left out.");
+
+    a.browser.quit().await;
+    b.browser.quit().await;
+    server.stop().await;
+    other.stop().await;
+    eprintln!("done after {:?}", started.elapsed());
+}
+
+/// A `seathold dev` run, stopped with Ctrl-C when dropped.
+struct Dev(Child);
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let _ = Command::new("/bin/sh")
+            .args(["-c", &format!("kill -INT {}", self.0.id())])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `seathold dev` on `port` (a one-master cluster: quick) with
+/// `extra` flags; answers it and its banner's lines.
+fn start_dev(port: u16, extra: &[&str]) -> (Dev, Vec<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_seathold"))
+        .args(["dev", "--masters", "1", "--replicas", "0"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(extra)
+        .env("SEATHOLD_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn seathold dev");
+    let stdout = child.stdout.take().expect("stdout");
+    let dev = Dev(child);
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        // Keep draining: a closed pipe would fail the daemon's later output.
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // The banner's last line is the second curl example.
+    while !lines.iter().any(|l: &String| l.contains("curl -s http")) {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => lines.push(line),
+            Err(_) => panic!("no banner from seathold dev; so far: {lines:#?}"),
+        }
+    }
+    (dev, lines)
+}
+
+#[tokio::test]
+async fn dev_prints_the_seat_map_url_unless_ui_off() {
+    let http = reqwest::Client::new();
+
+    let port = free_port();
+    let (dev, banner) = start_dev(port, &[]);
+    let want = format!("http://127.0.0.1:{port}/ui/shows/42");
+    let url = banner
+        .iter()
+        .filter(|l| l.contains("/ui/shows/"))
+        .flat_map(|l| l.split_whitespace())
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no seat map URL in the banner:\n{}", banner.join("\n")));
+    assert_eq!(url, want, "{}", banner.join("\n"));
+    let page = http.get(url).send().await.expect("the page");
+    assert_eq!(page.status(), 200);
+    assert_eq!(
+        page.headers()["content-type"],
+        "text/html; charset=utf-8",
+        "{:?}",
+        page.headers()
+    );
+    assert!(page.text().await.expect("html").contains("id=\"seats\""));
+    drop(dev);
+
+    let port = free_port();
+    let (_dev, banner) = start_dev(port, &["--ui", "off"]);
+    assert!(
+        !banner.iter().any(|l| l.contains("/ui/")),
+        "--ui off, yet the banner names the page:\n{}",
+        banner.join("\n")
+    );
+    common::wait_readyz(
+        &http,
+        &format!("http://127.0.0.1:{port}"),
+        200,
+        Duration::from_secs(30),
+    )
+    .await;
+    let page = http
+        .get(format!("http://127.0.0.1:{port}/ui/shows/42"))
+        .send()
+        .await
+        .expect("the page");
+    assert_eq!(page.status(), 404);
+}
