@@ -667,3 +667,81 @@ async fn confirms_follow_a_slot_that_moves() {
         .await
         .expect("cluster healthy");
 }
+
+/// Fault 8, the confirm's own retry loop. The confirm's read-only lookup
+/// passes while the old master is paused for writes (`CLIENT PAUSE WRITE`
+/// holds only the sale script, queued on its dedicated connection); the
+/// slot turns MIGRATING meanwhile, so when the pause ends the sale script
+/// meets `TRYAGAIN` on the old master (Redis 7.0.15 answers a multi-key
+/// command TRYAGAIN when some of its keys are there and some not: the sale
+/// record never is) until the move finishes 300 ms later, then `MOVED`.
+/// Broken changes: the confirm path of before (three attempts, TRYAGAIN
+/// not retried: 503) and TRYAGAIN counted as a redirect (503 after five
+/// attempts, with most of the deadline left).
+#[tokio::test]
+async fn a_confirm_meeting_tryagain_is_retried_within_its_deadline() {
+    let _exclusive = LOCK.write().await;
+    let s = server().await;
+    s.wait_metric(DIRECT, 3.0, Duration::from_secs(5)).await;
+    let sh = show("asked");
+    let slot = slot_of(&sh);
+    let from = cluster().master_port_for_slot(slot).await.expect("master");
+    let to = master_ports()
+        .await
+        .into_iter()
+        .find(|p| *p != from)
+        .expect("another master");
+    let hold = s.hold(&sh, &["A1", "A2"]).await;
+    let url = format!(
+        "{}/v1/shows/{sh}/holds/{}/confirm",
+        s.base,
+        hold["holdToken"].as_str().expect("token")
+    );
+    let errors = series_sum(&s.metrics().await, ERRORS);
+
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(400)
+        .arg("WRITE")
+        .query_async(&mut node(from).await)
+        .await
+        .expect("CLIENT PAUSE");
+    let paused = Instant::now();
+    let http = s.http.clone();
+    let confirm = tokio::spawn(async move {
+        let resp = http.post(url).send().await.expect("confirm");
+        let status = resp.status().as_u16();
+        (
+            status,
+            resp.text().await.unwrap_or_default(),
+            paused.elapsed(),
+        )
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let mv = SlotMove::begin(slot, from, to).await;
+    assert!(
+        paused.elapsed() < Duration::from_millis(400),
+        "still paused"
+    );
+    tokio::time::sleep(Duration::from_millis(700).saturating_sub(paused.elapsed())).await;
+    if confirm.is_finished() {
+        let (status, body, took) = confirm.await.expect("confirm task");
+        mv.migrate_keys().await;
+        mv.finish().await;
+        panic!("the confirm gave up during the move: {status} {body} after {took:?}");
+    }
+    mv.migrate_keys().await;
+    mv.finish().await;
+    let (status, body, took) = confirm.await.expect("confirm task");
+    assert_eq!(status, 200, "{body} after {took:?}");
+    for seat in ["A1", "A2"] {
+        let (_, state) = s.get(&format!("/v1/shows/{sh}/seats/{seat}")).await;
+        assert_eq!(state["state"], "sold", "{seat}: {state}");
+    }
+    assert_eq!(series_sum(&s.metrics().await, ERRORS), errors);
+    s.stop().await;
+    cluster()
+        .wait_until_ok(Duration::from_secs(30))
+        .await
+        .expect("cluster healthy");
+}
