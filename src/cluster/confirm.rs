@@ -23,7 +23,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::deadline::Deadline;
 use super::fault::{classify, RedisFault, Retry};
-use super::Cluster;
+use super::{later_pause, Cluster};
 use crate::error::Error;
 use crate::scripts::Script;
 
@@ -36,12 +36,6 @@ const IDLE_PER_MASTER: usize = 16;
 /// Redirects (`MOVED`, `ASK`, `READONLY`) followed by one confirm before
 /// it gives up; `TRYAGAIN` and the like are retried until the deadline.
 const MAX_REDIRECTS: u32 = 5;
-
-/// The pause before the `n`th retry of a `TRYAGAIN`, `CLUSTERDOWN` or
-/// `LOADING`: 10, 20, 40, then 50 ms.
-fn later_pause(n: u32) -> Duration {
-    Duration::from_millis((5u64 << n.min(4)).min(50))
-}
 
 /// A dedicated connection, counted against its master's limit while alive.
 struct Dedicated {
