@@ -248,16 +248,21 @@ impl Cluster {
                     }
                 }
                 // The cluster connection follows MOVED and ASK and retries
-                // TRYAGAIN a few times; a slot move that lasts longer is
-                // waited out here, for as long as the deadline allows. A
-                // script refused with TRYAGAIN or CLUSTERDOWN did not run;
-                // one that ran on an earlier try answers a resend as its
-                // first run did.
+                // TRYAGAIN, 8 times in all; while a busy slot moves, ASK to
+                // the importing node and TRYAGAIN there (it lacks some of
+                // the script's keys until the move ends) use those up fast.
+                // A move that lasts longer is waited out here, for as long
+                // as the deadline allows. A script refused with a redirect,
+                // TRYAGAIN or CLUSTERDOWN did not run; one that ran on an
+                // earlier try answers a resend as its first run did.
                 let mut conn = self.conn()?;
                 let mut waits = 0;
                 loop {
                     match script.run(&mut conn, keys, &args).await {
-                        Err(err) if classify(&err).1 == Retry::Later => {
+                        Err(err) if matches!(classify(&err).1, Retry::Later | Retry::Elsewhere) => {
+                            if classify(&err).1 == Retry::Elsewhere {
+                                self.mark_stale();
+                            }
                             waits += 1;
                             tokio::time::sleep(later_pause(waits)).await;
                         }
