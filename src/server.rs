@@ -217,22 +217,15 @@ impl Accept<'_> {
 
     fn serve(&self, stream: tokio::net::TcpStream, peer: SocketAddr) {
         let _ = stream.set_nodelay(true);
-        let over = self.open.fetch_add(1, Ordering::Relaxed) >= self.max_connections;
-        let open = Arc::clone(&self.open);
-        let gauge = metrics::gauge!(crate::metrics::HTTP_CONNECTIONS);
-        gauge.increment(1.0);
-        let done = move || {
-            open.fetch_sub(1, Ordering::Relaxed);
-            gauge.decrement(1.0);
-        };
-        if over {
+        if self.open.fetch_add(1, Ordering::Relaxed) >= self.max_connections {
+            // A refused connection is not an open one: neither the limit
+            // nor seathold_http_connections counts it while it is refused.
+            self.open.fetch_sub(1, Ordering::Relaxed);
             metrics::counter!(crate::metrics::HTTP_OVERLOADED).increment(1);
-            tokio::spawn(async move {
-                refuse(stream).await;
-                done();
-            });
+            tokio::spawn(refuse(stream));
             return;
         }
+        let open = Open::counted(Arc::clone(&self.open));
         let mut builder = http1::Builder::new();
         builder
             .timer(TokioTimer::new())
@@ -246,11 +239,30 @@ impl Accept<'_> {
             .graceful
             .watch(builder.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
+            let _open = open;
             if let Err(err) = conn.await {
                 tracing::debug!(error = %err, "connection ended with an error");
             }
-            done();
         });
+    }
+}
+
+/// One served connection, counted in the limit and the gauge while alive,
+/// also when its task ends by a panic or with its runtime.
+struct Open(Arc<AtomicUsize>);
+
+impl Open {
+    /// Counts a connection already added to `open` in the gauge.
+    fn counted(open: Arc<AtomicUsize>) -> Self {
+        metrics::gauge!(crate::metrics::HTTP_CONNECTIONS).increment(1.0);
+        Self(open)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+        metrics::gauge!(crate::metrics::HTTP_CONNECTIONS).decrement(1.0);
     }
 }
 

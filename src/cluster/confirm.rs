@@ -23,7 +23,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::deadline::Deadline;
 use super::fault::{classify, RedisFault, Retry};
-use super::Cluster;
+use super::{later_pause, Cluster};
 use crate::error::Error;
 use crate::scripts::Script;
 
@@ -33,7 +33,8 @@ pub const PER_MASTER: usize = 32;
 /// Idle connections kept to one master.
 const IDLE_PER_MASTER: usize = 16;
 
-/// Redirects followed by one confirm before it gives up.
+/// Redirects (`MOVED`, `ASK`, `READONLY`) followed by one confirm before
+/// it gives up; `TRYAGAIN` and the like are retried until the deadline.
 const MAX_REDIRECTS: u32 = 5;
 
 /// A dedicated connection, counted against its master's limit while alive.
@@ -141,13 +142,12 @@ impl Cluster {
         deadline
             .run(script.name(), async {
                 let mut target = Target::Master;
-                let mut attempt = 0;
+                let (mut redirects, mut waits) = (0, 0);
                 loop {
-                    attempt += 1;
-                    let (addr, asking) = match target {
+                    let (addr, asking) = match &target {
                         Target::Master => (self.master_of_slot(slot)?, false),
-                        Target::Moved(addr) => (addr, false),
-                        Target::Ask(addr) => (addr, true),
+                        Target::Moved(addr) => (addr.clone(), false),
+                        Target::Ask(addr) => (addr.clone(), true),
                     };
                     let mut conn = self.dedicated(&addr).await?;
                     let run = if asking {
@@ -163,10 +163,12 @@ impl Cluster {
                         }
                         Err(err) => err,
                     };
-                    let retry = classify(&err).1;
-                    target = match (retry, err.redirect_node()) {
-                        _ if attempt >= MAX_REDIRECTS => return Err(err.into()),
+                    target = match (classify(&err).1, err.redirect_node()) {
+                        (Retry::Elsewhere, _) if redirects >= MAX_REDIRECTS => {
+                            return Err(err.into())
+                        }
                         (Retry::Elsewhere, Some((to, _))) => {
+                            redirects += 1;
                             self.mark_stale();
                             let to = to.to_owned();
                             if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask) {
@@ -177,15 +179,22 @@ impl Cluster {
                         }
                         (Retry::Elsewhere, None) => {
                             // A replica's READONLY: this node was demoted.
+                            redirects += 1;
                             self.mark_stale();
                             tokio::time::sleep(Duration::from_millis(50)).await;
                             Target::Master
                         }
                         (Retry::Later, _) => {
+                            // TRYAGAIN (an importing node that lacks some of
+                            // the keys until the move ends), CLUSTERDOWN,
+                            // LOADING: the same node again, after a pause,
+                            // for as long as the deadline allows. Not a
+                            // redirect: a slot move can last longer than a
+                            // few attempts.
                             self.confirm_pool.give_back(&addr, conn);
-                            tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt)))
-                                .await;
-                            Target::Master
+                            waits += 1;
+                            tokio::time::sleep(later_pause(waits)).await;
+                            target
                         }
                         (Retry::Reconnect | Retry::No, _) => {
                             self.confirm_pool.forget(&addr);

@@ -247,8 +247,28 @@ impl Cluster {
                         }
                     }
                 }
+                // The cluster connection follows MOVED and ASK and retries
+                // TRYAGAIN, 8 times in all; while a busy slot moves, ASK to
+                // the importing node and TRYAGAIN there (it lacks some of
+                // the script's keys until the move ends) use those up fast.
+                // A move that lasts longer is waited out here, for as long
+                // as the deadline allows. A script refused with a redirect,
+                // TRYAGAIN or CLUSTERDOWN did not run; one that ran on an
+                // earlier try answers a resend as its first run did.
                 let mut conn = self.conn()?;
-                Ok(script.run(&mut conn, keys, args).await?)
+                let mut waits = 0;
+                loop {
+                    match script.run(&mut conn, keys, &args).await {
+                        Err(err) if matches!(classify(&err).1, Retry::Later | Retry::Elsewhere) => {
+                            if classify(&err).1 == Retry::Elsewhere {
+                                self.mark_stale();
+                            }
+                            waits += 1;
+                            tokio::time::sleep(later_pause(waits)).await;
+                        }
+                        result => return Ok(result?),
+                    }
+                }
             })
             .await
     }
@@ -468,6 +488,12 @@ impl Cluster {
             tracing::warn!(reason = %why, "topology refresh failed");
         }
     }
+}
+
+/// The pause before the `n`th retry of a `TRYAGAIN`, `CLUSTERDOWN` or
+/// `LOADING`: 10, 20, 40, then 50 ms.
+fn later_pause(n: u32) -> Duration {
+    Duration::from_millis((5u64 << n.min(4)).min(50))
 }
 
 fn cluster_cmd(sub: &str) -> Cmd {

@@ -595,4 +595,140 @@ pub fn scrape(text: &str) -> BTreeMap<String, f64> {
             Some((series.to_owned(), value.parse().ok()?))
         })
         .collect()
+
+// ----- fault and resharding helpers (tests/faults.rs, tests/reshard.rs) -----
+
+/// The value of one series of a `/metrics` text, labels included as
+/// rendered (`name{kind="protocol"}`); 0 when absent.
+pub fn series(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
+
+/// The sum of every series of counter `name` (all label values).
+pub fn series_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let value = if rest.starts_with('{') {
+                rest.split_once("} ")?.1
+            } else {
+                rest.strip_prefix(' ')?
+            };
+            value.trim().parse::<f64>().ok()
+        })
+        .sum()
+}
+
+/// `CLUSTER <args>` on the node at `port`.
+pub async fn cluster_cmd<T: redis::FromRedisValue>(
+    port: u16,
+    args: &[&str],
+) -> redis::RedisResult<T> {
+    let mut cmd = redis::cmd("CLUSTER");
+    for a in args {
+        cmd.arg(*a);
+    }
+    cmd.query_async(&mut node(port).await).await
+}
+
+/// The node id of the node at `port`.
+pub async fn node_id(port: u16) -> String {
+    cluster_cmd(port, &["MYID"]).await.expect("CLUSTER MYID")
+}
+
+/// A slot move by hand, step by step, as `redis-cli --cluster reshard`
+/// does it: [`SlotMove::begin`] (IMPORTING on the target, MIGRATING on the
+/// source), [`SlotMove::migrate_keys`] (`MIGRATE` of every key), then
+/// [`SlotMove::finish`] (`SETSLOT NODE` on the target, the source and every
+/// other master).
+pub struct SlotMove {
+    pub slot: u16,
+    pub from: u16,
+    pub to: u16,
+    to_id: String,
+}
+
+impl SlotMove {
+    pub async fn begin(slot: u16, from: u16, to: u16) -> Self {
+        let (from_id, to_id) = (node_id(from).await, node_id(to).await);
+        let s = slot.to_string();
+        cluster_cmd::<()>(to, &["SETSLOT", &s, "IMPORTING", &from_id])
+            .await
+            .expect("SETSLOT IMPORTING");
+        cluster_cmd::<()>(from, &["SETSLOT", &s, "MIGRATING", &to_id])
+            .await
+            .expect("SETSLOT MIGRATING");
+        Self {
+            slot,
+            from,
+            to,
+            to_id,
+        }
+    }
+
+    /// Migrates every key of the slot from the source to the target;
+    /// answers how many.
+    pub async fn migrate_keys(&self) -> usize {
+        let s = self.slot.to_string();
+        let keys: Vec<String> = cluster_cmd(self.from, &["GETKEYSINSLOT", &s, "1000"])
+            .await
+            .expect("GETKEYSINSLOT");
+        if !keys.is_empty() {
+            let mut cmd = redis::cmd("MIGRATE");
+            cmd.arg("127.0.0.1")
+                .arg(self.to)
+                .arg("")
+                .arg(0)
+                .arg(5000)
+                .arg("KEYS")
+                .arg(&keys);
+            let _: () = cmd
+                .query_async(&mut node(self.from).await)
+                .await
+                .expect("MIGRATE");
+        }
+        keys.len()
+    }
+
+    /// Assigns the slot to the target everywhere.
+    pub async fn finish(&self) {
+        let s = self.slot.to_string();
+        cluster_cmd::<()>(self.to, &["SETSLOT", &s, "NODE", &self.to_id])
+            .await
+            .expect("SETSLOT NODE on the target");
+        cluster_cmd::<()>(self.from, &["SETSLOT", &s, "NODE", &self.to_id])
+            .await
+            .expect("SETSLOT NODE on the source");
+        for other in master_ports().await {
+            if other != self.from && other != self.to {
+                cluster_cmd::<()>(other, &["SETSLOT", &s, "NODE", &self.to_id])
+                    .await
+                    .expect("SETSLOT NODE on another master");
+            }
+        }
+    }
+}
+
+/// A show id (starting with `tag`) whose slot satisfies `wanted`.
+pub fn show_where(tag: &str, wanted: impl Fn(u16) -> bool) -> String {
+    let keys = seathold::keys::KeySpace::new("seat-hold:");
+    loop {
+        let sh = show(tag);
+        if wanted(keys.show_slot(&sh)) {
+            return sh;
+        }
+    }
+}
+
+/// The slot of `show`'s keys under the default prefix.
+pub fn slot_of(show: &str) -> u16 {
+    seathold::keys::KeySpace::new("seat-hold:").show_slot(show)
 }
