@@ -2,13 +2,16 @@
 --
 -- KEYS[1]            hold record of the abandoned token
 -- KEYS[2 .. 1+S]     the hold's seat keys
--- KEYS[2+S ..]       per involved show i = 1..E: deadline index, event stream
+-- then per pool j = 1..P: the pool's hash and its holds
+-- then per show h = 1..H: the holder's holds and bought units
+-- then per involved show i = 1..E: deadline index, event stream
 -- ARGV[1]            hold token
 -- ARGV[2]            the hold's TTL in milliseconds
 -- ARGV[3]            E, the number of involved shows with events on (0: off)
 -- ARGV[4]            approximate length cap of each event stream
 -- ARGV[5]            the hold's public ref
--- ARGV[6 .. 5+E]     show i's seat ids, joined with spaces
+-- ARGV[6], ARGV[7]   P and H
+-- then E items of show i ("E7 @floor=2"), P quantities, H units of show h
 --
 -- The hold's request timed out or lost its connection after its script was
 -- sent, and no Idempotency-Key lets the client find it again: the daemon
@@ -20,8 +23,12 @@
 --
 -- Returns 1 when seats were released, 0 when the tombstone was left (or
 -- already was).
-local shows = tonumber(ARGV[3])
-local last = #KEYS - 2 * shows
+local E, P, H = tonumber(ARGV[3]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local last = #KEYS - 2 * (E + P + H)
+local pk, hk = last + 1, last + 1 + 2 * P
+local ek = hk + 2 * H
+local ia, qa = 8, 8 + E
+local ua = qa + P
 local record = redis.call('GET', KEYS[1])
 if record == 'abandoned' then
   return 0
@@ -37,10 +44,19 @@ for i = 2, last do
 end
 redis.call('DEL', KEYS[1])
 local fence = string.match(record, '^(%d+) ') or '0'
-for i = 1, shows do
-  local seats = ARGV[5 + i]
-  redis.call('ZREM', KEYS[last + 2 * i - 1], ARGV[5] .. ' ' .. fence .. ' ' .. seats)
-  redis.call('XADD', KEYS[last + 2 * i], 'MAXLEN', '~', ARGV[4], '*',
-    't', 'released', 'r', ARGV[5], 's', seats, 'f', fence)
+for j = 1, P do
+  local q = ARGV[qa + j - 1]
+  if redis.call('ZREM', KEYS[pk + 2 * j - 1], q .. ':' .. ARGV[1]) == 1 then
+    redis.call('HINCRBY', KEYS[pk + 2 * j - 2], 'held', -q)
+  end
+end
+for h = 1, H do
+  redis.call('ZREM', KEYS[hk + 2 * h - 2], ARGV[ua + h - 1] .. ':' .. ARGV[1])
+end
+for i = 1, E do
+  local items = ARGV[ia + i - 1]
+  redis.call('ZREM', KEYS[ek + 2 * i - 2], ARGV[5] .. ' ' .. fence .. ' ' .. items)
+  redis.call('XADD', KEYS[ek + 2 * i - 1], 'MAXLEN', '~', ARGV[4], '*',
+    't', 'released', 'r', ARGV[5], 's', items, 'f', fence)
 end
 return 1

@@ -4,7 +4,9 @@
 -- KEYS[1]            hold record (its key names the token)
 -- KEYS[2]            sale record (created here, kept without TTL)
 -- KEYS[3 .. 2+S]     the hold's seat keys
--- KEYS[3+S ..]       per involved show i = 1..E: deadline index, event stream
+-- then per pool j = 1..P: the pool's hash and its holds
+-- then per show h = 1..H: the holder's holds and bought units
+-- then per involved show i = 1..E: deadline index, event stream
 -- KEYS[#KEYS]        idempotency record, only when ARGV[2] is not empty
 -- ARGV[1]            hold token
 -- ARGV[2]            request fingerprint of an Idempotency-Key, or ""
@@ -12,7 +14,11 @@
 -- ARGV[4]            E, the number of involved shows with events on (0: off)
 -- ARGV[5]            approximate length cap of each event stream
 -- ARGV[6]            the hold's public ref
--- ARGV[7 .. 6+E]     show i's seat ids, joined with spaces
+-- ARGV[7], ARGV[8]   P and H
+-- then E items of show i ("E7 @floor=2"), P quantities, H units of show h
+--
+-- A sale turns the hold's pool units sold (`held` down, `sold` up) and
+-- adds its units to the holder's bought count.
 --
 -- Returns {1, fence} when the token held every seat and each is now
 -- "sold:<token>" without TTL (the hold record becomes the sale record);
@@ -25,9 +31,13 @@
 -- must still mean "replicated".
 local token = ARGV[1]
 local sold = 'sold:' .. token
-local shows = tonumber(ARGV[4])
+local E, P, H = tonumber(ARGV[4]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local idem = ARGV[2] ~= '' and KEYS[#KEYS]
-local last = #KEYS - 2 * shows - (idem and 1 or 0)
+local last = #KEYS - 2 * (E + P + H) - (idem and 1 or 0)
+local pk, hk = last + 1, last + 1 + 2 * P
+local ek = hk + 2 * H
+local ia, qa = 9, 9 + E
+local ua = qa + P
 
 local record = redis.call('GET', KEYS[1])
 local fence = string.match(record or '', '^(%d+) ')
@@ -42,11 +52,23 @@ if fence then
   end
   redis.call('SET', KEYS[2], record)
   redis.call('DEL', KEYS[1])
-  for i = 1, shows do
-    local seats = ARGV[6 + i]
-    redis.call('ZREM', KEYS[last + 2 * i - 1], ARGV[6] .. ' ' .. fence .. ' ' .. seats)
-    redis.call('XADD', KEYS[last + 2 * i], 'MAXLEN', '~', ARGV[5], '*',
-      't', 'confirmed', 'r', ARGV[6], 's', seats, 'f', fence)
+  for j = 1, P do
+    local q = ARGV[qa + j - 1]
+    if redis.call('ZREM', KEYS[pk + 2 * j - 1], q .. ':' .. token) == 1 then
+      redis.call('HINCRBY', KEYS[pk + 2 * j - 2], 'held', -q)
+    end
+    redis.call('HINCRBY', KEYS[pk + 2 * j - 2], 'sold', q)
+  end
+  for h = 1, H do
+    local n = ARGV[ua + h - 1]
+    redis.call('ZREM', KEYS[hk + 2 * h - 2], n .. ':' .. token)
+    redis.call('INCRBY', KEYS[hk + 2 * h - 1], n)
+  end
+  for i = 1, E do
+    local items = ARGV[ia + i - 1]
+    redis.call('ZREM', KEYS[ek + 2 * i - 2], ARGV[6] .. ' ' .. fence .. ' ' .. items)
+    redis.call('XADD', KEYS[ek + 2 * i - 1], 'MAXLEN', '~', ARGV[5], '*',
+      't', 'confirmed', 'r', ARGV[6], 's', items, 'f', fence)
   end
   if idem then
     redis.call('SET', idem, ARGV[2] .. ' 200 ' .. fence, 'PX', ARGV[3])

@@ -3,7 +3,9 @@
 --
 -- KEYS[1]            hold record (its key names the token)
 -- KEYS[2 .. 1+S]     the hold's seat keys
--- KEYS[2+S ..]       per involved show i = 1..E: deadline index, event stream
+-- then per pool j = 1..P: the pool's hash and its holds
+-- then per show h = 1..H: the holder's holds and bought units
+-- then per involved show i = 1..E: deadline index, event stream
 -- KEYS[#KEYS]        idempotency record, only when ARGV[4] is not empty
 -- ARGV[1]            hold token
 -- ARGV[2]            new TTL in milliseconds (like PEXPIRE)
@@ -13,16 +15,21 @@
 -- ARGV[6]            E, the number of involved shows with events on (0: off)
 -- ARGV[7]            approximate length cap of each event stream
 -- ARGV[8]            the hold's public ref
--- ARGV[9 .. 8+E]     show i's seat ids, joined with spaces
+-- ARGV[9], ARGV[10]  P and H
+-- then E items of show i ("E7 @floor=2"), P quantities, H units of show h
 --
 -- Returns {1, fence, pttl_ms, now_ms} when extended; {0} when the token no
 -- longer holds every seat (nothing changed); {-1, created_ms, now_ms} when
 -- the new expiry would pass the lifetime cap (nothing changed); {-3, record}
 -- when the idempotency record exists. Time is Redis's own clock. A resend
 -- of this script extends again to the same TTL: the same answer.
-local shows = tonumber(ARGV[6])
+local E, P, H = tonumber(ARGV[6]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local idem = ARGV[4] ~= '' and KEYS[#KEYS]
-local last = #KEYS - 2 * shows - (idem and 1 or 0)
+local last = #KEYS - 2 * (E + P + H) - (idem and 1 or 0)
+local pk, hk = last + 1, last + 1 + 2 * P
+local ek = hk + 2 * H
+local ia, qa = 11, 11 + E
+local ua = qa + P
 if idem then
   local done = redis.call('GET', idem)
   if done then return {-3, done} end
@@ -48,11 +55,17 @@ local at = now + ttl
 for i = 1, last do
   redis.call('PEXPIREAT', KEYS[i], at)
 end
-for i = 1, shows do
-  local seats = ARGV[8 + i]
-  redis.call('ZADD', KEYS[last + 2 * i - 1], at, string.format('%s %d %s', ARGV[8], fence, seats))
-  redis.call('XADD', KEYS[last + 2 * i], 'MAXLEN', '~', ARGV[7], '*',
-    't', 'extended', 'r', ARGV[8], 's', seats, 'f', fence, 'x', at)
+for j = 1, P do
+  redis.call('ZADD', KEYS[pk + 2 * j - 1], 'XX', at, ARGV[qa + j - 1] .. ':' .. ARGV[1])
+end
+for h = 1, H do
+  redis.call('ZADD', KEYS[hk + 2 * h - 2], 'XX', at, ARGV[ua + h - 1] .. ':' .. ARGV[1])
+end
+for i = 1, E do
+  local items = ARGV[ia + i - 1]
+  redis.call('ZADD', KEYS[ek + 2 * i - 2], at, string.format('%s %d %s', ARGV[8], fence, items))
+  redis.call('XADD', KEYS[ek + 2 * i - 1], 'MAXLEN', '~', ARGV[7], '*',
+    't', 'extended', 'r', ARGV[8], 's', items, 'f', fence, 'x', at)
 end
 if idem then
   local seats = string.match(record, '^%d+ %d+ (.*)$')

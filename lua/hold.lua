@@ -1,25 +1,31 @@
--- hold.lua: hold every seat under one token, all or nothing, and write the
--- `held` event of every involved show in the same step.
+-- hold.lua: hold seats and pool units under one token, all or nothing, and
+-- write the `held` event of every involved show in the same step.
 --
 -- KEYS[1]                  hold record to create (a string), under the home show
 -- KEYS[2 .. 1+F]           fence counter of every show (only with events off)
--- KEYS[2+F .. 1+F+S]       seat keys, in request order
--- KEYS[2+F+S ..]           per involved show i = 1..E: its deadline index
---                          (a sorted set) and its event stream
+-- then S seat keys, in request order
+-- then per pool j = 1..P:  the pool's hash and its holds (a sorted set)
+-- then per show h = 1..H:  its settings, the holder's holds, the holder's
+--                          bought units (H = 0 without a holder)
+-- then per show i = 1..E:  its deadline index and its event stream
 -- KEYS[#KEYS]              idempotency record, only when ARGV[6] is not empty
 -- ARGV[1]                  hold token (a fresh UUID v4)
 -- ARGV[2]                  TTL in milliseconds
 -- ARGV[3]                  F, the number of fence keys (0 with events on)
--- ARGV[4]                  kind: "s" (one show's route) or "m" (POST /v1/holds)
--- ARGV[5]                  seats as "show/seat" joined with spaces, request order
+-- ARGV[4]                  kind: "s" (one show's route) or "m" (POST /v1/holds),
+--                          and "|<holder>" when the hold names one
+-- ARGV[5]                  items as "show/seat" and "show/@pool=n", request order
 -- ARGV[6]                  request fingerprint of an Idempotency-Key, or ""
 -- ARGV[7]                  how long the idempotency record is kept, ms
 -- ARGV[8]                  E, the number of involved shows with events on (0: off)
 -- ARGV[9]                  approximate length cap of each event stream
 -- ARGV[10]                 the hold's public ref (16 hex digits of SHA-256(token))
--- ARGV[11 .. 10+E]         show i's seat ids, joined with spaces
+-- ARGV[11], ARGV[12]       S and P
+-- ARGV[13]                 H
+-- ARGV[14]                 the holder limit when a show's settings have none (0: none)
+-- then E items of show i ("E7 @floor=2"), P quantities, H units of show h
 --
--- The record is "<fence> <created_ms> <kind> <seats>" with the hold's
+-- The record is "<fence> <created_ms> <kind> <items>" with the hold's
 -- expiry; the token is in its key. Every call below costs the master (Lua's
 -- redis.call is several times dearer than the command it runs), so the
 -- script makes as few as the contract allows. With events on, one seat
@@ -35,29 +41,42 @@
 -- more than the promotion took.
 --
 -- A single seat is checked and taken by one SET NX PX, as the reference
--- design does; several are all checked with one MGET before any is written.
--- Seats are written with NX even after the MGET: MGET reads a key of another
--- type as empty, and a key that is not ours is never overwritten.
+-- design does; several seats, or seats with pool units or a holder, are all
+-- checked before anything is written. Seats are written with NX even after
+-- the MGET: MGET reads a key of another type as empty, and a key that is
+-- not ours is never overwritten.
+--
+-- Pools: a pool's hash keeps `capacity`, `held` and `sold`; its holds are
+-- "<n>:<token>" scored with their expiry. Every script that reads a pool
+-- first removes the holds whose expiry has passed on Redis's clock and gives
+-- their units back, so availability never counts an expired hold, whether or
+-- not its `expired` event was written yet. A holder's live holds are kept
+-- the same way, and what it bought in a counter: the limit counts both.
 --
 -- The record is written with NX: a record key that exists already is the
 -- tombstone that abandon.lua leaves for a hold whose request was answered
 -- 503 (the script arrived late). Then nothing of this hold stays written.
 --
--- The deadline index of each show gets "<ref> <fence> <seats>" scored with
--- the hold's expiry: sweep.lua turns it into the `expired` event once.
---
--- Returns {1, fence, pttl_ms, now_ms} when every seat was free and is now
--- held, or when they are already held under this very token (a resend: see
--- already_held); {-3, record} when the idempotency record exists (the caller
--- answers from it); {-4} when the hold was abandoned before it ran;
--- otherwise {0, i, state, pttl_ms, ...} for every taken seat (i is its
--- 1-based position in the request, state 1 = held, 2 = sold) and writes
--- nothing. Taken seats are a normal answer, not an error.
+-- Returns {1, fence, pttl_ms, now_ms} when everything was free and is now
+-- held, or when the seats are already held under this very token (a
+-- resend: see already_held); {-3, record} when the idempotency record
+-- exists (the caller answers from it); {-4} when the hold was abandoned
+-- before it ran; {0, i, state, pttl_ms, ...} for every taken seat (i is its
+-- 1-based position among the seats, state 1 = held, 2 = sold);
+-- {-5, n, <n seat numbers as for 0>, j, requested, available, ...} when a
+-- pool is short (and maybe seats taken); {-6, limit, current, requested}
+-- past the holder limit. Only the first answer writes anything.
 local token, ttl = ARGV[1], tonumber(ARGV[2])
-local fences, shows = tonumber(ARGV[3]), tonumber(ARGV[8])
-local idem = ARGV[6] ~= '' and KEYS[#KEYS]
-local first = 2 + fences
-local last = #KEYS - 2 * shows - (idem and 1 or 0)
+local F, E = tonumber(ARGV[3]), tonumber(ARGV[8])
+local S, P, H = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local first = 2 + F
+local last = first + S - 1
+local pk = last + 1
+local hk = pk + 2 * P
+local ek = hk + 3 * H
+local idem = ARGV[6] ~= '' and KEYS[ek + 2 * E]
+local ia, qa = 15, 15 + E
+local ua = qa + P
 
 if idem then
   local done = redis.call('GET', idem)
@@ -93,15 +112,50 @@ local function foreign(i)
   return redis.error_reply('WRONGTYPE seat key ' .. KEYS[i] .. ' holds a value of another type')
 end
 
+-- Removes the entries of a holds set (`<n>:<token>`) that expired by `now`;
+-- answers the units they held.
+local function prune(holds, now)
+  local gone = redis.call('ZRANGEBYSCORE', holds, '-inf', now)
+  if #gone == 0 then return 0 end
+  local units = 0
+  for _, m in ipairs(gone) do units = units + (tonumber(string.match(m, '^(%d+):')) or 0) end
+  redis.call('ZREMRANGEBYSCORE', holds, '-inf', now)
+  return units
+end
+
+-- Units a pool can still give, after giving back what expired.
+local function available(j, now)
+  local pool, holds = KEYS[pk + 2 * j - 2], KEYS[pk + 2 * j - 1]
+  local back = prune(holds, now)
+  if back > 0 then redis.call('HINCRBY', pool, 'held', -back) end
+  local v = redis.call('HMGET', pool, 'capacity', 'held', 'sold')
+  local capacity = tonumber(v[1])
+  if not capacity then return 0 end
+  return math.max(capacity - (tonumber(v[2]) or 0) - (tonumber(v[3]) or 0), 0)
+end
+
+-- {limit, current} of the holder in show h; limit 0 means none.
+local function holder_count(h, now)
+  local settings, holds, bought = KEYS[hk + 3 * h - 3], KEYS[hk + 3 * h - 2], KEYS[hk + 3 * h - 1]
+  local limit = tonumber(redis.call('HGET', settings, 'maxPerHolder') or ARGV[14]) or 0
+  if limit == 0 then return 0, 0 end
+  prune(holds, now)
+  local current = tonumber(redis.call('GET', bought) or '0') or 0
+  for _, m in ipairs(redis.call('ZRANGE', holds, 0, -1)) do
+    current = current + (tonumber(string.match(m, '^(%d+):')) or 0)
+  end
+  return limit, current
+end
+
 -- Writes the `held` event of every show; answers the stream ids and the
 -- time and fence they give. Several shows get one id, the largest, so that
 -- every show's later ids (and fences) exceed this hold's.
 local function add_events()
   local ids, top = {}, nil
-  for i = 1, shows do
-    local stream = KEYS[last + 2 * i]
+  for i = 1, E do
+    local stream = KEYS[ek + 2 * i - 1]
     local id = redis.call('XADD', stream, 'MAXLEN', '~', ARGV[9], '*',
-      't', 'held', 'r', ARGV[10], 's', ARGV[10 + i], 'l', ttl)
+      't', 'held', 'r', ARGV[10], 's', ARGV[ia + i - 1], 'l', ttl)
     local ms, seq = string.match(id, '^(%d+)-(%d+)$')
     ms, seq = tonumber(ms), tonumber(seq)
     -- More than 999 events of one show in one millisecond (or a clock that
@@ -109,23 +163,25 @@ local function add_events()
     if seq > 999 then
       redis.call('XDEL', stream, id)
       ms, seq = ms + 1, 0
-      id = redis.call('XADD', stream, ms .. '-0', 't', 'held', 'r', ARGV[10], 's', ARGV[10 + i], 'l', ttl)
+      id = redis.call('XADD', stream, ms .. '-0', 't', 'held', 'r', ARGV[10], 's', ARGV[ia + i - 1], 'l', ttl)
     end
     ids[i] = {stream, id, ms, seq}
     if not top or ms > top[3] or (ms == top[3] and seq > top[4]) then top = ids[i] end
   end
-  for i = 1, shows do
+  for i = 1, E do
     local e = ids[i]
     if e[2] ~= top[2] then
       redis.call('XDEL', e[1], e[2])
-      redis.call('XADD', e[1], top[2], 't', 'held', 'r', ARGV[10], 's', ARGV[10 + i], 'l', ttl)
+      redis.call('XADD', e[1], top[2], 't', 'held', 'r', ARGV[10], 's', ARGV[ia + i - 1], 'l', ttl)
       e[2] = top[2]
     end
   end
   return ids, top[3], top[3] * 1000 + top[4]
 end
 
-if last == first then
+-- Checks. `now` is Redis's time when pools or a holder need it.
+local now
+if S == 1 and P == 0 and H == 0 then
   -- One seat: SET NX checks and takes it in one call.
   if not redis.call('SET', KEYS[first], token, 'NX', 'PX', ttl) then
     local v = redis.call('GET', KEYS[first]) or ''
@@ -134,39 +190,75 @@ if last == first then
     return {0, taken_seat(first, v)}
   end
 else
-  local taken = {0}
-  local values = redis.call('MGET', unpack(KEYS, first, last))
-  -- Holds are written whole, so the first seat tells whether this is a
-  -- resend of a hold that is already in place.
-  if values[1] == token then
-    local again = already_held()
-    if again then return again end
-  end
-  for i = first, last do
-    local v = values[i - first + 1]
-    if v then
-      local n, state, pttl = taken_seat(i, v)
-      taken[#taken + 1] = n
-      taken[#taken + 1] = state
-      taken[#taken + 1] = pttl
+  local taken = {}
+  if S > 0 then
+    local values = redis.call('MGET', unpack(KEYS, first, last))
+    -- Holds are written whole, so the first seat tells whether this is a
+    -- resend of a hold that is already in place.
+    if values[1] == token then
+      local again = already_held()
+      if again then return again end
+    end
+    for i = first, last do
+      local v = values[i - first + 1]
+      if v then
+        local n, state, pttl = taken_seat(i, v)
+        taken[#taken + 1] = n
+        taken[#taken + 1] = state
+        taken[#taken + 1] = pttl
+      end
     end
   end
-  if #taken > 1 then
+  local short = {}
+  if P > 0 or H > 0 then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  for j = 1, P do
+    local want, have = tonumber(ARGV[qa + j - 1]), available(j, now)
+    if want > have then
+      short[#short + 1] = j
+      short[#short + 1] = want
+      short[#short + 1] = have
+    end
+  end
+  if #short > 0 then
+    local reply = {-5, #taken}
+    for _, v in ipairs(taken) do reply[#reply + 1] = v end
+    for _, v in ipairs(short) do reply[#reply + 1] = v end
+    return reply
+  end
+  if #taken > 0 then
+    table.insert(taken, 1, 0)
     return taken
   end
-  if not redis.call('SET', KEYS[first], token, 'NX', 'PX', ttl) then
-    return foreign(first)
+  for h = 1, H do
+    local want = tonumber(ARGV[ua + h - 1])
+    local limit, current = holder_count(h, now)
+    if limit > 0 and current + want > limit then
+      return {-6, limit, current, want}
+    end
+  end
+  if S > 0 then
+    local taken_first
+    if now then
+      taken_first = redis.call('SET', KEYS[first], token, 'NX', 'PXAT', now + ttl)
+    else
+      taken_first = redis.call('SET', KEYS[first], token, 'NX', 'PX', ttl)
+    end
+    if not taken_first then return foreign(first) end
   end
 end
 
--- The hold's time on Redis's clock: from the event's stream id, or (events
--- off) from the first seat's expiry. It dates the hold (created = now, for
--- the lifetime cap) and gives every other key exactly the same expiry.
-local ids, now, fence
-if shows > 0 then
-  ids, now, fence = add_events()
+-- The hold's time on Redis's clock: from TIME (pools, holder), the event's
+-- stream id, or (events off) the first seat's expiry. It dates the hold
+-- (created = now, for the lifetime cap) and gives every key one expiry.
+local ids, fence, id_now
+if E > 0 then
+  ids, id_now, fence = add_events()
+  now = now or id_now
 else
-  now = redis.call('PEXPIRETIME', KEYS[first]) - ttl
+  now = now or (redis.call('PEXPIRETIME', KEYS[first]) - ttl)
   fence = now * 1000
   for i = 2, first - 1 do
     local f = tonumber(redis.call('GET', KEYS[i]) or '0') or 0
@@ -177,7 +269,7 @@ local at = now + ttl
 
 local function undo_all(upto)
   undo(upto)
-  for i = 1, shows do redis.call('XDEL', ids[i][1], ids[i][2]) end
+  for i = 1, E do redis.call('XDEL', ids[i][1], ids[i][2]) end
 end
 
 for i = first + 1, last do
@@ -192,11 +284,19 @@ if not redis.call('SET', KEYS[1], record, 'NX', 'PXAT', at) then
   undo_all(last)
   return {-4}
 end
+for j = 1, P do
+  local q = ARGV[qa + j - 1]
+  redis.call('HINCRBY', KEYS[pk + 2 * j - 2], 'held', q)
+  redis.call('ZADD', KEYS[pk + 2 * j - 1], at, q .. ':' .. token)
+end
+for h = 1, H do
+  redis.call('ZADD', KEYS[hk + 3 * h - 2], at, ARGV[ua + h - 1] .. ':' .. token)
+end
 for i = 2, first - 1 do
   redis.call('SET', KEYS[i], string.format('%d', fence))
 end
-for i = 1, shows do
-  redis.call('ZADD', KEYS[last + 2 * i - 1], at, string.format('%s %d %s', ARGV[10], fence, ARGV[10 + i]))
+for i = 1, E do
+  redis.call('ZADD', KEYS[ek + 2 * i - 2], at, string.format('%s %d %s', ARGV[10], fence, ARGV[ia + i - 1]))
 end
 if idem then
   redis.call('SET', idem, string.format('%s 201 %s %d %d', ARGV[6], token, fence, at), 'PX', ARGV[7])

@@ -3,7 +3,9 @@
 --
 -- KEYS[1]            hold record (its key names the token)
 -- KEYS[2 .. 1+S]     the hold's seat keys
--- KEYS[2+S ..]       per involved show i = 1..E: deadline index, event stream
+-- then per pool j = 1..P: the pool's hash and its holds
+-- then per show h = 1..H: the holder's holds and bought units
+-- then per involved show i = 1..E: deadline index, event stream
 -- KEYS[#KEYS]        idempotency record
 -- ARGV[1]            hold token
 -- ARGV[2]            request fingerprint for the idempotency record
@@ -11,7 +13,8 @@
 -- ARGV[4]            E, the number of involved shows with events on (0: off)
 -- ARGV[5]            approximate length cap of each event stream
 -- ARGV[6]            the hold's public ref
--- ARGV[7 .. 6+E]     show i's seat ids, joined with spaces
+-- ARGV[7], ARGV[8]   P and H
+-- then E items of show i ("E7 @floor=2"), P quantities, H units of show h
 --
 -- A release always carries an idempotency record: the client's
 -- Idempotency-Key, or one of the daemon's own for this request, so that a
@@ -22,9 +25,13 @@
 -- nothing (expired, released, confirmed, or never existed), {-3, record}
 -- when the idempotency record exists. A seat whose value is no longer this
 -- token (expired and taken by someone else) is left alone.
-local shows = tonumber(ARGV[4])
+local E, P, H = tonumber(ARGV[4]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local idem = KEYS[#KEYS]
-local last = #KEYS - 1 - 2 * shows
+local last = #KEYS - 1 - 2 * (E + P + H)
+local pk, hk = last + 1, last + 1 + 2 * P
+local ek = hk + 2 * H
+local ia, qa = 9, 9 + E
+local ua = qa + P
 local done = redis.call('GET', idem)
 if done then
   return {-3, done}
@@ -40,11 +47,21 @@ for i = 2, last do
   end
 end
 redis.call('DEL', KEYS[1])
-for i = 1, shows do
-  local seats = ARGV[6 + i]
-  redis.call('ZREM', KEYS[last + 2 * i - 1], ARGV[6] .. ' ' .. fence .. ' ' .. seats)
-  redis.call('XADD', KEYS[last + 2 * i], 'MAXLEN', '~', ARGV[5], '*',
-    't', 'released', 'r', ARGV[6], 's', seats, 'f', fence)
+-- Units go back to their pools, unless they already went back by expiry.
+for j = 1, P do
+  local q = ARGV[qa + j - 1]
+  if redis.call('ZREM', KEYS[pk + 2 * j - 1], q .. ':' .. ARGV[1]) == 1 then
+    redis.call('HINCRBY', KEYS[pk + 2 * j - 2], 'held', -q)
+  end
+end
+for h = 1, H do
+  redis.call('ZREM', KEYS[hk + 2 * h - 2], ARGV[ua + h - 1] .. ':' .. ARGV[1])
+end
+for i = 1, E do
+  local items = ARGV[ia + i - 1]
+  redis.call('ZREM', KEYS[ek + 2 * i - 2], ARGV[6] .. ' ' .. fence .. ' ' .. items)
+  redis.call('XADD', KEYS[ek + 2 * i - 1], 'MAXLEN', '~', ARGV[5], '*',
+    't', 'released', 'r', ARGV[6], 's', items, 'f', fence)
 end
 redis.call('SET', idem, ARGV[2] .. ' 204', 'PX', ARGV[3])
 return 1

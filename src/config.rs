@@ -220,6 +220,12 @@ pub struct Options {
     #[arg(long, env = "SEATHOLD_UI", value_enum, default_value_t = Switch::On)]
     pub ui: Switch,
 
+    /// Most seats plus pool units one holder may have held or bought in a
+    /// show, where the show's settings (PUT /v1/shows/{show}/settings) name
+    /// none; 0 is no limit.
+    #[arg(long, env = "SEATHOLD_MAX_PER_HOLDER", default_value_t = 0)]
+    pub max_per_holder: u64,
+
     /// When set, every write route (POST and DELETE under /v1) needs
     /// `Authorization: Bearer <token>`; reads, health and metrics stay
     /// open. Prefer the environment variable to the flag.
@@ -334,6 +340,7 @@ impl Options {
             confirm_wait_timeout_ms: self.confirm_wait_timeout_ms,
             idempotency_ttl_ms: self.idempotency_ttl_ms,
             events_max_len: self.events.is_on().then_some(self.events_max_len),
+            max_per_holder: self.max_per_holder,
         }
     }
 

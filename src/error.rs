@@ -8,7 +8,7 @@ use hyper::StatusCode;
 use serde::Serialize;
 
 use crate::cluster::RedisFault;
-use crate::model::{Confirmation, SeatSlot, Taken};
+use crate::model::{Confirmation, SeatSlot, Shortfall, Taken};
 
 /// Every way a request can fail.
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +19,10 @@ pub enum Error {
     InvalidShow,
     #[error("seat ids are 1-64 characters from [A-Za-z0-9_.-]")]
     InvalidSeat,
+    #[error("pool ids are 1-64 characters from [A-Za-z0-9_.-]")]
+    InvalidPool,
+    #[error("holder ids are 1-128 characters from [A-Za-z0-9_.:@-]")]
+    InvalidHolder,
     #[error("{0}")]
     InvalidTtl(String),
     #[error("seat {0} appears more than once")]
@@ -29,10 +33,20 @@ pub enum Error {
     HoldNotFound,
     #[error("no such route")]
     NotFound,
+    #[error("no such pool: create it with PUT and a capacity")]
+    PoolNotFound,
     #[error("method not allowed on this route")]
     MethodNotAllowed(&'static str),
     #[error("some of the seats are already held or sold")]
-    SeatsTaken(Vec<Taken>),
+    SeatsTaken(Vec<Taken>, Vec<Shortfall>),
+    #[error("a pool has fewer units available than the hold asks for")]
+    PoolExhausted(Vec<Shortfall>),
+    #[error("the holder would hold or have bought more than this show allows")]
+    HolderLimit {
+        limit: i64,
+        current: i64,
+        requested: i64,
+    },
     #[error("the body is larger than {0} bytes")]
     PayloadTooLarge(usize),
     #[error("the body must be JSON (Content-Type: application/json)")]
@@ -44,7 +58,7 @@ pub enum Error {
     #[error("Redis Cluster is unavailable; try again")]
     RedisUnavailable(RedisFault, String),
     #[error("the seats are sold, but fewer replicas than required acknowledged the sale in time; retry the confirm")]
-    NotReplicated(Confirmation),
+    NotReplicated(Box<Confirmation>),
     #[error("a missing or wrong API token")]
     Unauthorized,
     #[error("the request body did not arrive in time")]
@@ -70,14 +84,18 @@ impl Error {
             Self::InvalidRequest(_)
             | Self::InvalidShow
             | Self::InvalidSeat
+            | Self::InvalidPool
+            | Self::InvalidHolder
             | Self::InvalidTtl(_)
             | Self::DuplicateSeat(_)
             | Self::TooManySeats(_)
             | Self::InvalidIdempotencyKey => StatusCode::BAD_REQUEST,
-            Self::HoldNotFound | Self::NotFound => StatusCode::NOT_FOUND,
+            Self::HoldNotFound | Self::NotFound | Self::PoolNotFound => StatusCode::NOT_FOUND,
             Self::EventsExpired => StatusCode::GONE,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            Self::SeatsTaken(_) => StatusCode::CONFLICT,
+            Self::SeatsTaken(..) | Self::PoolExhausted(_) | Self::HolderLimit { .. } => {
+                StatusCode::CONFLICT
+            }
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::CrossSlot(_) | Self::LifetimeExceeded { .. } | Self::IdempotencyKeyReused => {
@@ -98,13 +116,17 @@ impl Error {
             Self::InvalidRequest(_) => "invalid_request",
             Self::InvalidShow => "invalid_show",
             Self::InvalidSeat => "invalid_seat",
+            Self::InvalidPool => "invalid_pool",
+            Self::InvalidHolder => "invalid_holder",
             Self::InvalidTtl(_) => "invalid_ttl",
             Self::DuplicateSeat(_) => "duplicate_seat",
             Self::TooManySeats(_) => "too_many_seats",
             Self::HoldNotFound => "hold_not_found",
-            Self::NotFound => "not_found",
+            Self::NotFound | Self::PoolNotFound => "not_found",
             Self::MethodNotAllowed(_) => "method_not_allowed",
-            Self::SeatsTaken(_) => "seats_taken",
+            Self::SeatsTaken(..) => "seats_taken",
+            Self::PoolExhausted(_) => "pool_exhausted",
+            Self::HolderLimit { .. } => "holder_limit",
             Self::PayloadTooLarge(_) => "payload_too_large",
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::CrossSlot(_) => "cross_slot",
@@ -124,7 +146,17 @@ impl Error {
     /// The JSON body: `error`, `message` and the details the contract names.
     pub fn body(&self) -> ErrorBody<'_> {
         let detail = match self {
-            Self::SeatsTaken(taken) => Detail::Taken { taken },
+            Self::SeatsTaken(taken, pools) => Detail::Taken { taken, pools },
+            Self::PoolExhausted(pools) => Detail::Pools { pools },
+            Self::HolderLimit {
+                limit,
+                current,
+                requested,
+            } => Detail::Holder {
+                limit: *limit,
+                current: *current,
+                requested: *requested,
+            },
             Self::CrossSlot(slots) => Detail::Slots { slots },
             Self::LifetimeExceeded {
                 max_ms,
@@ -162,6 +194,16 @@ enum Detail<'a> {
     None {},
     Taken {
         taken: &'a [Taken],
+        #[serde(skip_serializing_if = "<[_]>::is_empty")]
+        pools: &'a [Shortfall],
+    },
+    Pools {
+        pools: &'a [Shortfall],
+    },
+    Holder {
+        limit: i64,
+        current: i64,
+        requested: i64,
     },
     Slots {
         slots: &'a [SeatSlot],

@@ -84,6 +84,46 @@ id_type!(
     |_| Error::InvalidSeat
 );
 
+id_type!(
+    /// A pool id within a show: general admission areas, limited stock.
+    PoolId,
+    |_| Error::InvalidPool
+);
+
+/// Longest holder id accepted.
+pub const MAX_HOLDER_LEN: usize = 128;
+
+/// Whether `id` is a valid holder id: 1 to 128 characters from
+/// `[A-Za-z0-9_.:@-]`.
+pub fn valid_holder(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_HOLDER_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'@' | b'-'))
+}
+
+/// The buyer a hold is for, as the client names it: holder limits count
+/// per holder and show.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct HolderId(String);
+
+impl HolderId {
+    /// Parses `id`, or refuses it with 400 `invalid_holder`.
+    pub fn parse(id: &str) -> Result<Self, Error> {
+        if valid_holder(id) {
+            Ok(Self(id.to_owned()))
+        } else {
+            Err(Error::InvalidHolder)
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 /// A hold token as issued: a lowercase hyphenated UUID v4 string. A string
 /// of any other shape was never issued, so it is a hold that does not exist.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,6 +191,17 @@ mod tests {
             assert!(ShowId::parse(bad).is_err());
             assert!(SeatId::parse(bad).is_err());
         }
+    }
+
+    #[test]
+    fn holders() {
+        for good in ["alice", "a@b.c", "user:17", "x-y_z.1", &"h".repeat(128)] {
+            assert!(HolderId::parse(good).is_ok(), "{good}");
+        }
+        for bad in ["", "a b", "a/b", "a|b", "é", &"h".repeat(129)] {
+            assert!(HolderId::parse(bad).is_err(), "{bad}");
+        }
+        assert!(PoolId::parse("floor").is_ok() && PoolId::parse("a@b").is_err());
     }
 
     #[test]

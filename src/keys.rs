@@ -144,6 +144,35 @@ impl KeySpace {
         self.show_key(show.as_ref(), "deadlines")
     }
 
+    /// `<prefix>{show:<show>}#pool:<pool>`: a pool's hash (`capacity`,
+    /// `held`, `sold`).
+    pub fn pool(&self, show: &(impl AsRef<str> + ?Sized), pool: &str) -> String {
+        self.record(show.as_ref(), "pool", pool)
+    }
+
+    /// `<prefix>{show:<show>}#pool-holds:<pool>`: the pool's live holds,
+    /// `<quantity>:<token>` scored with their expiry.
+    pub fn pool_holds(&self, show: &(impl AsRef<str> + ?Sized), pool: &str) -> String {
+        self.record(show.as_ref(), "pool-holds", pool)
+    }
+
+    /// `<prefix>{show:<show>}#settings`: the show's settings (a hash).
+    pub fn settings(&self, show: &(impl AsRef<str> + ?Sized)) -> String {
+        self.show_key(show.as_ref(), "settings")
+    }
+
+    /// `<prefix>{show:<show>}#holder:<holder>`: a holder's live holds in the
+    /// show, `<units>:<token>` scored with their expiry.
+    pub fn holder(&self, show: &(impl AsRef<str> + ?Sized), holder: &str) -> String {
+        self.record(show.as_ref(), "holder", holder)
+    }
+
+    /// `<prefix>{show:<show>}#holder-sold:<holder>`: the units a holder
+    /// bought in the show.
+    pub fn holder_sold(&self, show: &(impl AsRef<str> + ?Sized), holder: &str) -> String {
+        self.record(show.as_ref(), "holder-sold", holder)
+    }
+
     /// If `key` is a deadline index of this key space, its show.
     pub fn parse_deadlines<'k>(&self, key: &'k str) -> Option<&'k str> {
         let rest = key.strip_prefix(self.prefix.as_str())?;
@@ -199,6 +228,11 @@ mod tests {
             ks.sale_record("42", &token),
             ks.events("42"),
             ks.deadlines("42"),
+            ks.pool("42", "floor"),
+            ks.pool_holds("42", "floor"),
+            ks.settings("42"),
+            ks.holder("42", "a@b"),
+            ks.holder_sold("42", "a@b"),
         ] {
             assert_eq!(slot(key.as_bytes()), s);
         }

@@ -35,10 +35,22 @@ pub const ORPHAN_RELEASES: &str = "seathold_orphan_releases_total";
 /// Requests answered from an idempotency record (contract, 1.1).
 pub const IDEMPOTENT_REPLAYS: &str = "seathold_idempotent_replays_total";
 
+/// Pool units in granted holds (contract, 1.1).
+pub const POOL_UNITS_HELD: &str = "seathold_pool_units_held_total";
+/// Hold requests refused with 409 `holder_limit` (contract, 1.1).
+pub const HOLDER_LIMIT_REJECTIONS: &str = "seathold_holder_limit_rejections_total";
 /// Events this instance wrote to the shows' streams, by `type` (contract, 1.1).
 pub const EVENTS: &str = "seathold_events_total";
 /// The `type`s of events this version writes.
-pub const EVENT_TYPES: [&str; 5] = ["held", "extended", "released", "confirmed", "expired"];
+pub const EVENT_TYPES: [&str; 7] = [
+    "held",
+    "extended",
+    "released",
+    "confirmed",
+    "expired",
+    "modified",
+    "pool_changed",
+];
 /// Event-stream subscribers (SSE clients) of this instance (contract, 1.1).
 pub const EVENT_SUBSCRIBERS: &str = "seathold_event_subscribers";
 /// Event time (its stream id) to its write to a subscriber (contract, 1.1).
@@ -172,6 +184,11 @@ fn describe() {
         "Shows with live holds whose deadlines this instance watches."
     );
     describe_counter!(RELEASES, "Holds released.");
+    describe_counter!(POOL_UNITS_HELD, "Pool units in granted holds.");
+    describe_counter!(
+        HOLDER_LIMIT_REJECTIONS,
+        "Hold requests refused with 409 holder_limit."
+    );
     describe_counter!(
         ORPHAN_RELEASES,
         "Holds answered 503 that the daemon released (or forestalled) in the background."
@@ -257,6 +274,8 @@ pub fn register_zeroes() {
         DIRECT_FALLBACKS,
         EVENT_SUBSCRIBERS_DROPPED,
         SWEEP_FAILURES,
+        POOL_UNITS_HELD,
+        HOLDER_LIMIT_REJECTIONS,
     ] {
         metrics::counter!(name).increment(0);
     }

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::ids::{HoldToken, SeatId, ShowId};
+use crate::ids::{HoldToken, HolderId, PoolId, SeatId, ShowId};
 
 /// One seat of a multi-show hold: `{"show":…,"seat":…}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -65,41 +65,233 @@ impl Seats {
             Self::Multi(_) => "m",
         }
     }
+}
 
-    /// The record form: `show/seat` joined by spaces.
+/// Units of one pool in a hold: `{"show":…,"pool":…,"quantity":…}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PoolUnits {
+    pub show: ShowId,
+    pub pool: PoolId,
+    pub quantity: u32,
+}
+
+/// The pool units of a hold, shaped as the route that made it answers
+/// them: `{"floor":2}` under `/v1/shows/{show}/…`, a list for `POST /v1/holds`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Pools {
+    Show(BTreeMap<PoolId, u32>),
+    Multi(Vec<PoolUnits>),
+}
+
+impl Pools {
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Self::Show(p) => p.is_empty(),
+            Self::Multi(p) => p.is_empty(),
+        }
+    }
+}
+
+/// One show's part of a hold: its seats and pool units.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShowPart {
+    pub seats: Vec<SeatId>,
+    pub pools: Vec<(PoolId, u32)>,
+}
+
+impl ShowPart {
+    /// Seats plus pool units.
+    pub fn units(&self) -> u64 {
+        self.seats.len() as u64 + self.pools.iter().map(|(_, q)| u64::from(*q)).sum::<u64>()
+    }
+
+    /// The part as events and deadline entries name it: seat ids and
+    /// `@pool=quantity`, joined with spaces.
+    pub fn items(&self) -> String {
+        let mut out: Vec<String> = self.seats.iter().map(|s| s.to_string()).collect();
+        out.extend(self.pools.iter().map(|(p, q)| format!("@{p}={q}")));
+        out.join(" ")
+    }
+}
+
+/// What a hold holds: seats, pool units, and the holder it counts against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Contents {
+    pub seats: Seats,
+    pub pools: Vec<PoolUnits>,
+    pub holder: Option<HolderId>,
+}
+
+impl Contents {
+    /// Seats only, for no holder.
+    pub fn seats(seats: Seats) -> Self {
+        Self {
+            seats,
+            pools: Vec::new(),
+            holder: None,
+        }
+    }
+
+    /// Seats plus pool units.
+    pub fn units(&self) -> u64 {
+        self.seats.len() as u64
+            + self
+                .pools
+                .iter()
+                .map(|p| u64::from(p.quantity))
+                .sum::<u64>()
+    }
+
+    /// Whether it holds nothing at all.
+    pub fn is_empty(&self) -> bool {
+        self.units() == 0
+    }
+
+    /// The pools as the route answers them.
+    pub fn pools_view(&self) -> Pools {
+        match self.seats {
+            Seats::Show(_) => Pools::Show(
+                self.pools
+                    .iter()
+                    .map(|p| (p.pool.clone(), p.quantity))
+                    .collect(),
+            ),
+            Seats::Multi(_) => Pools::Multi(self.pools.clone()),
+        }
+    }
+
+    /// Every involved show (sorted) with its part.
+    pub fn by_show(&self, home: &ShowId) -> BTreeMap<ShowId, ShowPart> {
+        let mut parts: BTreeMap<ShowId, ShowPart> = BTreeMap::new();
+        for (show, seat) in self.seats.pairs(home) {
+            parts
+                .entry(show.clone())
+                .or_default()
+                .seats
+                .push(seat.clone());
+        }
+        for p in &self.pools {
+            parts
+                .entry(p.show.clone())
+                .or_default()
+                .pools
+                .push((p.pool.clone(), p.quantity));
+        }
+        parts
+    }
+
+    /// The record's kind: `s` or `m`, and `|<holder>` when there is one.
+    pub fn kind(&self) -> String {
+        match &self.holder {
+            Some(h) => format!("{}|{}", self.seats.kind(), h.as_str()),
+            None => self.seats.kind().to_owned(),
+        }
+    }
+
+    /// The record form: `show/seat` and `show/@pool=quantity`, joined by
+    /// spaces.
     pub fn encode(&self, home: &ShowId) -> String {
-        let mut out = String::with_capacity(self.len() * 16);
-        for (i, (show, seat)) in self.pairs(home).enumerate() {
-            if i > 0 {
+        let mut out = String::with_capacity(self.units() as usize * 16);
+        let mut push = |item: std::fmt::Arguments<'_>| {
+            if !out.is_empty() {
                 out.push(' ');
             }
-            out.push_str(show.as_str());
-            out.push('/');
-            out.push_str(seat.as_str());
+            out.push_str(&item.to_string());
+        };
+        for (show, seat) in self.seats.pairs(home) {
+            push(format_args!("{show}/{seat}"));
+        }
+        for p in &self.pools {
+            push(format_args!("{}/@{}={}", p.show, p.pool, p.quantity));
         }
         out
     }
 
     /// Reads the record form back; `None` when it is not one.
     pub fn decode(kind: &str, encoded: &str, home: &ShowId) -> Option<Self> {
-        let mut pairs = Vec::new();
-        for item in encoded.split(' ') {
-            let (show, seat) = item.split_once('/')?;
-            pairs.push((ShowId::parse(show).ok()?, SeatId::parse(seat).ok()?));
+        let (kind, holder) = match kind.split_once('|') {
+            Some((k, h)) => (k, Some(HolderId::parse(h).ok()?)),
+            None => (kind, None),
+        };
+        let mut seats = Vec::new();
+        let mut pools = Vec::new();
+        for item in encoded.split(' ').filter(|i| !i.is_empty()) {
+            let (show, rest) = item.split_once('/')?;
+            let show = ShowId::parse(show).ok()?;
+            match rest.strip_prefix('@') {
+                Some(units) => {
+                    let (pool, quantity) = units.split_once('=')?;
+                    pools.push(PoolUnits {
+                        show,
+                        pool: PoolId::parse(pool).ok()?,
+                        quantity: quantity.parse().ok()?,
+                    });
+                }
+                None => seats.push((show, SeatId::parse(rest).ok()?)),
+            }
         }
-        match kind {
-            "s" if pairs.iter().all(|(s, _)| s == home) => Some(Self::Show(
-                pairs.into_iter().map(|(_, seat)| seat).collect(),
-            )),
-            "m" => Some(Self::Multi(
-                pairs
+        let seats = match kind {
+            "s" if seats.iter().all(|(s, _)| s == home) => {
+                Seats::Show(seats.into_iter().map(|(_, seat)| seat).collect())
+            }
+            "m" => Seats::Multi(
+                seats
                     .into_iter()
                     .map(|(show, seat)| SeatRef { show, seat })
                     .collect(),
-            )),
-            _ => None,
+            ),
+            _ => return None,
+        };
+        Some(Self {
+            seats,
+            pools,
+            holder,
+        })
+    }
+}
+
+/// A pool's figures: `GET /v1/shows/{show}/pools/{pool}`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Pool {
+    pub show: ShowId,
+    pub pool: PoolId,
+    pub capacity: i64,
+    pub held: i64,
+    pub sold: i64,
+    pub available: i64,
+}
+
+impl Pool {
+    pub fn new(show: ShowId, pool: PoolId, capacity: i64, held: i64, sold: i64) -> Self {
+        Self {
+            show,
+            pool,
+            capacity,
+            held,
+            sold,
+            available: (capacity - held - sold).max(0),
         }
     }
+}
+
+/// A show's settings: `PUT /v1/shows/{show}/settings`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Settings {
+    pub show: ShowId,
+    pub max_per_holder: u64,
+}
+
+/// A pool a hold could not take enough units of.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Shortfall {
+    /// Set for holds made with `POST /v1/holds`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub show: Option<ShowId>,
+    pub pool: PoolId,
+    pub requested: u32,
+    pub available: i64,
 }
 
 /// A live hold, as the API answers it.
@@ -109,6 +301,10 @@ pub struct Hold {
     pub hold_token: HoldToken,
     pub show: ShowId,
     pub seats: Seats,
+    #[serde(skip_serializing_if = "Pools::is_empty")]
+    pub pools: Pools,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder: Option<HolderId>,
     pub expires_in_ms: i64,
     pub expires_at: String,
     pub fence: i64,
@@ -119,7 +315,7 @@ impl Hold {
     pub fn new(
         hold_token: HoldToken,
         show: ShowId,
-        seats: Seats,
+        contents: Contents,
         fence: i64,
         pttl: i64,
         now_ms: i64,
@@ -127,7 +323,9 @@ impl Hold {
         Self {
             hold_token,
             show,
-            seats,
+            pools: contents.pools_view(),
+            holder: contents.holder,
+            seats: contents.seats,
             expires_in_ms: pttl,
             expires_at: iso_millis(now_ms + pttl),
             fence,
@@ -216,11 +414,14 @@ impl SeatStates {
 /// `show` for holds made with `POST /v1/holds`.
 pub type Taken = SeatState;
 
-/// The slot of one seat of a refused cross-slot hold.
+/// The slot of one seat (or pool) of a refused cross-slot hold.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct SeatSlot {
     pub show: ShowId,
-    pub seat: SeatId,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seat: Option<SeatId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolId>,
     pub slot: u16,
 }
 
@@ -232,6 +433,8 @@ pub struct Confirmation {
     pub hold_token: HoldToken,
     pub show: ShowId,
     pub seats: Seats,
+    #[serde(skip_serializing_if = "Pools::is_empty")]
+    pub pools: Pools,
     pub fence: i64,
     pub replicas: i64,
 }
@@ -333,22 +536,41 @@ mod tests {
     }
 
     #[test]
-    fn seats_roundtrip() {
+    fn contents_roundtrip() {
         let home = id(ShowId::parse, "42");
-        let s = Seats::Show(vec![id(SeatId::parse, "E7"), id(SeatId::parse, "E8")]);
+        let s = Contents::seats(Seats::Show(vec![
+            id(SeatId::parse, "E7"),
+            id(SeatId::parse, "E8"),
+        ]));
         assert_eq!(s.encode(&home), "42/E7 42/E8");
-        assert_eq!(Seats::decode("s", "42/E7 42/E8", &home), Some(s));
-        let m = Seats::Multi(vec![
-            SeatRef {
-                show: id(ShowId::parse, "42"),
-                seat: id(SeatId::parse, "E7"),
-            },
-            SeatRef {
+        assert_eq!(Contents::decode("s", "42/E7 42/E8", &home), Some(s));
+        let m = Contents {
+            seats: Seats::Multi(vec![
+                SeatRef {
+                    show: id(ShowId::parse, "42"),
+                    seat: id(SeatId::parse, "E7"),
+                },
+                SeatRef {
+                    show: id(ShowId::parse, "43"),
+                    seat: id(SeatId::parse, "A1"),
+                },
+            ]),
+            pools: vec![PoolUnits {
                 show: id(ShowId::parse, "43"),
-                seat: id(SeatId::parse, "A1"),
-            },
-        ]);
-        assert_eq!(Seats::decode("m", &m.encode(&home), &home), Some(m));
-        assert_eq!(Seats::decode("s", "42/E7 43/E8", &home), None);
+                pool: id(PoolId::parse, "floor"),
+                quantity: 3,
+            }],
+            holder: Some(id(HolderId::parse, "al@x:1")),
+        };
+        assert_eq!(m.encode(&home), "42/E7 43/A1 43/@floor=3");
+        assert_eq!(m.kind(), "m|al@x:1");
+        assert_eq!(
+            Contents::decode(&m.kind(), &m.encode(&home), &home),
+            Some(m.clone())
+        );
+        let parts = m.by_show(&home);
+        assert_eq!(parts[&id(ShowId::parse, "43")].items(), "A1 @floor=3");
+        assert_eq!(parts[&id(ShowId::parse, "43")].units(), 4);
+        assert_eq!(Contents::decode("s", "42/E7 43/E8", &home), None);
     }
 }

@@ -124,6 +124,12 @@ pub struct Scripts {
     pub sweep: Script,
     /// `lua/events.lua`: a show's events after a cursor.
     pub events: Script,
+    /// `lua/pool.lua`: read, create or resize a pool.
+    pub pool: Script,
+    /// `lua/settings.lua`: a show's settings.
+    pub settings: Script,
+    /// `lua/modify.lua`: change a hold's seats and pool units.
+    pub modify: Script,
 }
 
 impl Scripts {
@@ -139,11 +145,14 @@ impl Scripts {
             abandon: Script::new("abandon", include_str!("../lua/abandon.lua")),
             sweep: Script::new("sweep", include_str!("../lua/sweep.lua")),
             events: Script::new("events", include_str!("../lua/events.lua")),
+            pool: Script::new("pool", include_str!("../lua/pool.lua")),
+            settings: Script::new("settings", include_str!("../lua/settings.lua")),
+            modify: Script::new("modify", include_str!("../lua/modify.lua")),
         }
     }
 
     /// All scripts, for loading them.
-    pub fn all(&self) -> [&Script; 9] {
+    pub fn all(&self) -> [&Script; 12] {
         [
             &self.hold,
             &self.release,
@@ -154,6 +163,9 @@ impl Scripts {
             &self.abandon,
             &self.sweep,
             &self.events,
+            &self.pool,
+            &self.settings,
+            &self.modify,
         ]
     }
 }

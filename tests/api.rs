@@ -762,7 +762,7 @@ async fn routes_methods_and_probes() {
     assert_eq!(r.status().as_u16(), 405);
     assert_eq!(
         r.headers().get("allow").and_then(|v| v.to_str().ok()),
-        Some("GET, DELETE")
+        Some("GET, DELETE, PATCH")
     );
     let (status, body) = s.call("DELETE", "/v1/holds", None).await;
     common::assert_error(status, &body, 405, "method_not_allowed");
@@ -822,10 +822,14 @@ async fn run_hold(
                 .arg(encoded)
                 .arg("")
                 .arg(0)
-                // Events off: no stream keys.
+                // Events off, one seat, no pools, no holder.
                 .arg(0)
                 .arg(0)
-                .arg("");
+                .arg("")
+                .arg(keys.len() - 2)
+                .arg(0)
+                .arg(0)
+                .arg(0);
         })
         .await
         .expect("hold.lua")

@@ -192,12 +192,17 @@ fn expected(method: &str, path: &str, ctype: Option<&str>, body: &[u8]) -> Expec
         ["v1", "holds"] => (&["POST"], None, "multi"),
         ["v1", "shows", show, "holds"] => (&["POST"], Some(*show), "holds"),
         ["v1", "shows", show, "seats", _, "hold"] => (&["POST"], Some(*show), "seat-hold"),
-        ["v1", "shows", show, "holds", _] => (&["GET", "DELETE"], Some(*show), "hold"),
+        ["v1", "shows", show, "holds", _] if method == "PATCH" => {
+            (&["PATCH"], Some(*show), "change")
+        }
+        ["v1", "shows", show, "holds", _] => (&["GET", "DELETE", "PATCH"], Some(*show), "hold"),
         ["v1", "shows", show, "holds", _, "extend"] => (&["POST"], Some(*show), "extend"),
         ["v1", "shows", show, "holds", _, "confirm"] => (&["POST"], Some(*show), "confirm"),
         ["v1", "shows", show, "seats", _] => (&["GET"], Some(*show), "seat"),
         ["v1", "shows", show, "seats"] => (&["GET"], Some(*show), "seats"),
         ["v1", "shows", show, "events"] => (&["GET"], Some(*show), "events"),
+        ["v1", "shows", show, "pools", _] => (&["GET", "PUT"], Some(*show), "inventory"),
+        ["v1", "shows", show, "settings"] => (&["PUT"], Some(*show), "inventory"),
         ["ui", "shows", show] => (&["GET"], Some(*show), "ui"),
         _ => return Expect::Exactly(404, "not_found"),
     };
@@ -213,7 +218,7 @@ fn expected(method: &str, path: &str, ctype: Option<&str>, body: &[u8]) -> Expec
     }
     // A token that is not a canonical (lowercase, hyphenated) UUID was never
     // issued: 404 without asking Redis.
-    let unknown_token = matches!(kind, "hold" | "extend" | "confirm")
+    let unknown_token = matches!(kind, "hold" | "extend" | "confirm" | "change")
         && !uuid::Uuid::try_parse(segs[4]).is_ok_and(|u| u.hyphenated().to_string() == segs[4]);
     let ttl_rule = |obj: &serde_json::Map<String, Value>, broken: &mut Codes| {
         if !ttl_ok(obj.get("ttlMs")) {
@@ -268,7 +273,46 @@ fn expected(method: &str, path: &str, ctype: Option<&str>, body: &[u8]) -> Expec
             // Confirm takes no fields: a `ttlMs` there would be ignored.
             json_object(ctype, body, false, &[], &mut broken);
         }
-        "events" | "ui" => {
+        "change" => {
+            // add/remove seat lists and pool quantities; whether they fit
+            // the hold is Redis's to say.
+            if let Some(obj) =
+                json_object(ctype, body, true, &["add", "remove", "pools"], &mut broken)
+            {
+                for list in ["add", "remove"] {
+                    let ids: Option<Vec<&str>> = match obj.get(list) {
+                        None => Some(Vec::new()),
+                        Some(v) => v
+                            .as_array()
+                            .and_then(|l| l.iter().map(Value::as_str).collect()),
+                    };
+                    match ids {
+                        None => {
+                            broken.insert((400, "invalid_request"));
+                        }
+                        Some(ids) if ids.iter().any(|s| !valid_id(s)) => {
+                            broken.insert((400, "invalid_seat"));
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+            return if broken.is_empty() {
+                if unknown_token {
+                    Expect::Exactly(404, "hold_not_found")
+                } else {
+                    Expect::Any
+                }
+            } else {
+                if unknown_token {
+                    broken.insert((404, "hold_not_found"));
+                }
+                broken.insert((400, "invalid_pool"));
+                broken.insert((400, "invalid_request"));
+                Expect::Refused(broken)
+            };
+        }
+        "events" | "ui" | "inventory" => {
             // The cursor and limit rules are the events tests' to check.
             return if broken.is_empty() {
                 Expect::Any

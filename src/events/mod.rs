@@ -8,8 +8,10 @@
 //!   subscriber of the show on this instance.
 //! - [`sse`]: the Server-Sent Events body of `GET /v1/shows/{show}/events`.
 //!
-//! An entry's fields are short (`t` type, `r` hold ref, `s` seats, `f` fence,
-//! `l` TTL, `x` expiry); this module turns them into the contract's JSON.
+//! An entry's fields are short (`t` type, `r` hold ref, `s` items: seat ids
+//! and `@pool=units`, `f` fence, `l` TTL, `x` expiry); this module turns
+//! them into the contract's JSON (`seats`, and `pools` when there are units;
+//! a `pool_changed` event's `pools` holds the pool's new capacity).
 
 use std::sync::Arc;
 
@@ -71,6 +73,9 @@ pub struct Event {
     pub kind: String,
     pub show: ShowId,
     pub seats: Vec<String>,
+    /// Pool units (`pool_changed`: the pool's new capacity).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub pools: std::collections::BTreeMap<String, u64>,
     pub hold_ref: String,
     pub fence: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -100,14 +105,17 @@ impl Event {
         };
         let kind = get("t")?;
         let hold_ref = get("r").unwrap_or_default();
-        let seats = get("s")
-            .map(|s| {
-                s.split(' ')
-                    .filter(|x| !x.is_empty())
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default();
+        let items = get("s").unwrap_or_default();
+        let mut seats = Vec::new();
+        let mut pools = std::collections::BTreeMap::new();
+        for item in items.split(' ').filter(|x| !x.is_empty()) {
+            match item.strip_prefix('@').and_then(|p| p.split_once('=')) {
+                Some((pool, n)) => {
+                    pools.insert(pool.to_owned(), n.parse().unwrap_or(0));
+                }
+                None => seats.push(item.to_owned()),
+            }
+        }
         let at_ms = i64::try_from(event_id.ms).ok()?;
         // A `held` event's fence and expiry come from its id: the script
         // could not know the id before it wrote the entry.
@@ -128,6 +136,7 @@ impl Event {
             kind,
             show: show.clone(),
             seats,
+            pools,
             hold_ref,
             fence,
             expires_at: expires_ms.map(iso_millis),

@@ -30,17 +30,29 @@ where
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ShowHoldBody {
+    #[serde(default)]
     pub seats: Vec<String>,
+    /// Pool units: `{"floor":2}`.
+    #[serde(default)]
+    pub pools: serde_json::Map<String, serde_json::Value>,
+    #[serde(default)]
+    pub holder: Option<serde_json::Value>,
     #[serde(default)]
     pub ttl_ms: Option<serde_json::Value>,
 }
 
-/// One element of `POST /v1/holds`'s `seats`, ids not yet parsed.
+/// One element of `POST /v1/holds`'s `seats`, ids not yet parsed: a seat
+/// `{"show","seat"}` or pool units `{"show","pool","quantity"}`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawSeatRef {
     pub show: String,
-    pub seat: String,
+    #[serde(default)]
+    pub seat: Option<String>,
+    #[serde(default)]
+    pub pool: Option<String>,
+    #[serde(default)]
+    pub quantity: Option<serde_json::Value>,
 }
 
 /// `POST /v1/holds`.
@@ -52,6 +64,64 @@ pub struct MultiHoldBody {
     seats: Vec<serde_json::Map<String, serde_json::Value>>,
     #[serde(default)]
     pub ttl_ms: Option<serde_json::Value>,
+    #[serde(default)]
+    pub holder: Option<serde_json::Value>,
+}
+
+/// The optional body of `POST /v1/shows/{show}/seats/{seat}/hold`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SeatHoldBody {
+    #[serde(default)]
+    pub ttl_ms: Option<serde_json::Value>,
+    #[serde(default)]
+    pub holder: Option<serde_json::Value>,
+}
+
+/// `PUT /v1/shows/{show}/pools/{pool}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolBody {
+    pub capacity: serde_json::Value,
+}
+
+/// `PUT /v1/shows/{show}/settings`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SettingsBody {
+    pub max_per_holder: serde_json::Value,
+}
+
+/// `PATCH /v1/shows/{show}/holds/{token}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChangeBody {
+    #[serde(default)]
+    pub add: Vec<String>,
+    #[serde(default)]
+    pub remove: Vec<String>,
+    /// New quantities per pool (0 gives a pool's units back).
+    #[serde(default)]
+    pub pools: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A count field: an integer from `min`; 400 `invalid_request` otherwise.
+pub fn count(value: &serde_json::Value, name: &str, min: u64) -> Result<u64, Error> {
+    match value.as_u64() {
+        Some(n) if n >= min && n <= u64::from(u32::MAX) => Ok(n),
+        _ => Err(Error::InvalidRequest(format!(
+            "{name} must be an integer of at least {min}"
+        ))),
+    }
+}
+
+/// A `holder` field: absent, or a valid holder id (400 `invalid_holder`).
+pub fn holder(value: Option<serde_json::Value>) -> Result<Option<crate::ids::HolderId>, Error> {
+    match value {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => crate::ids::HolderId::parse(&s).map(Some),
+        Some(_) => Err(Error::InvalidHolder),
+    }
 }
 
 /// Confirm's optional body: an empty object, nothing else (a `ttlMs` there

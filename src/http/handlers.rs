@@ -6,14 +6,17 @@ use hyper::header::HeaderValue;
 use hyper::http::request::Parts;
 use hyper::{Method, StatusCode};
 
-use super::body::{self, EmptyBody, MultiHoldBody, ShowHoldBody, TtlBody};
+use super::body::{
+    self, ChangeBody, EmptyBody, MultiHoldBody, PoolBody, SeatHoldBody, SettingsBody, ShowHoldBody,
+    TtlBody,
+};
 use super::route::Route;
 use super::{empty, json, App, Resp};
 use crate::error::Error;
 use crate::hold::Answer;
 use crate::idempotency::{Idem, IdemKey};
-use crate::ids::{HoldToken, SeatId, ShowId};
-use crate::model::{SeatRef, SeatState, SeatStates, Seats};
+use crate::ids::{HoldToken, PoolId, SeatId, ShowId};
+use crate::model::{Contents, PoolUnits, SeatRef, SeatState, SeatStates, Seats};
 
 /// The request header that names an idempotency key.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -35,7 +38,12 @@ pub(super) async fn serve(
         Route::Hold { show, token } if head.method == Method::GET => {
             get_hold(&req, ShowId::parse(show)?, token).await
         }
+        Route::Hold { show, token } if head.method == Method::PATCH => {
+            modify(&req, ShowId::parse(show)?, token).await
+        }
         Route::Hold { show, token } => release(&req, ShowId::parse(show)?, token).await,
+        Route::Pool { show, pool } => pool_route(&req, ShowId::parse(show)?, pool).await,
+        Route::Settings { show } => settings(&req, ShowId::parse(show)?).await,
         Route::Extend { show, token } => extend(&req, ShowId::parse(show)?, token).await,
         Route::Confirm { show, token } => confirm(&req, ShowId::parse(show)?, token).await,
         Route::Seat { show, seat } => seat_state(&req, ShowId::parse(show)?, seat).await,
@@ -95,59 +103,105 @@ fn mark(mut resp: Resp, replayed: bool) -> Resp {
     resp
 }
 
-/// Parses seat ids, refusing an empty list first.
+/// Parses seat ids.
 fn seat_ids(raw: &[String]) -> Result<Vec<SeatId>, Error> {
-    if raw.is_empty() {
-        return Err(Error::InvalidRequest(
-            "seats must name at least one seat".into(),
-        ));
-    }
     raw.iter().map(|s| SeatId::parse(s)).collect()
 }
 
-/// `POST /v1/holds`: the home show is the first seat's.
+/// Parses `{"floor":2}` pool units of `show`.
+fn pool_units(
+    show: &ShowId,
+    raw: &serde_json::Map<String, serde_json::Value>,
+    min: u64,
+) -> Result<Vec<PoolUnits>, Error> {
+    raw.iter()
+        .map(|(pool, quantity)| {
+            Ok(PoolUnits {
+                show: show.clone(),
+                pool: PoolId::parse(pool)?,
+                quantity: u32::try_from(body::count(quantity, "a pool quantity", min)?)
+                    .unwrap_or(u32::MAX),
+            })
+        })
+        .collect()
+}
+
+/// `POST /v1/holds`: the home show is the first element's.
 async fn multi_hold(req: &Req<'_>) -> Result<Resp, Error> {
     let body: MultiHoldBody = req.json(true)?;
     let raw = body.seats()?;
     let Some(first) = raw.first() else {
         return Err(Error::InvalidRequest(
-            "seats must name at least one seat".into(),
+            "seats must name at least one seat or pool".into(),
         ));
     };
     let ttl = body::ttl(body.ttl_ms)?;
     let home = ShowId::parse(&first.show)?;
-    let seats = raw
-        .iter()
-        .map(|r| {
-            Ok(SeatRef {
-                show: ShowId::parse(&r.show)?,
-                seat: SeatId::parse(&r.seat)?,
-            })
-        })
-        .collect::<Result<Vec<_>, Error>>()?;
-    hold(req, &home, Seats::Multi(seats), ttl).await
+    let mut seats = Vec::new();
+    let mut pools = Vec::new();
+    for r in &raw {
+        let show = ShowId::parse(&r.show)?;
+        match (&r.seat, &r.pool, &r.quantity) {
+            (Some(seat), None, None) => seats.push(SeatRef {
+                show,
+                seat: SeatId::parse(seat)?,
+            }),
+            (None, Some(pool), Some(quantity)) => pools.push(PoolUnits {
+                show,
+                pool: PoolId::parse(pool)?,
+                quantity: u32::try_from(body::count(quantity, "quantity", 1)?).unwrap_or(u32::MAX),
+            }),
+            _ => {
+                return Err(Error::InvalidRequest(
+                    "each element is {\"show\",\"seat\"} or {\"show\",\"pool\",\"quantity\"}"
+                        .into(),
+                ))
+            }
+        }
+    }
+    let contents = Contents {
+        seats: Seats::Multi(seats),
+        pools,
+        holder: body::holder(body.holder)?,
+    };
+    hold(req, &home, contents, ttl).await
 }
 
 /// `POST /v1/shows/{show}/holds`.
 async fn show_hold(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
     let body: ShowHoldBody = req.json(true)?;
     let ttl = body::ttl(body.ttl_ms)?;
-    hold(req, &show, Seats::Show(seat_ids(&body.seats)?), ttl).await
+    let contents = Contents {
+        seats: Seats::Show(seat_ids(&body.seats)?),
+        pools: pool_units(&show, &body.pools, 1)?,
+        holder: body::holder(body.holder)?,
+    };
+    hold(req, &show, contents, ttl).await
 }
 
 /// `POST /v1/shows/{show}/seats/{seat}/hold`.
 async fn seat_hold(req: &Req<'_>, show: ShowId, seat: &str) -> Result<Resp, Error> {
-    let body: TtlBody = req.json(false)?;
+    let body: SeatHoldBody = req.json(false)?;
     let ttl = body::ttl(body.ttl_ms)?;
-    hold(req, &show, Seats::Show(vec![SeatId::parse(seat)?]), ttl).await
+    let contents = Contents {
+        seats: Seats::Show(vec![SeatId::parse(seat)?]),
+        pools: Vec::new(),
+        holder: body::holder(body.holder)?,
+    };
+    hold(req, &show, contents, ttl).await
 }
 
-async fn hold(req: &Req<'_>, home: &ShowId, seats: Seats, ttl: Option<u64>) -> Result<Resp, Error> {
+async fn hold(
+    req: &Req<'_>,
+    home: &ShowId,
+    contents: Contents,
+    ttl: Option<u64>,
+) -> Result<Resp, Error> {
     let idem = req.idem()?;
     let deadline = req.deadline();
     let hold = req
         .service()
-        .hold(&deadline, home, seats, ttl, idem.as_ref())
+        .hold(&deadline, home, contents, ttl, idem.as_ref())
         .await?;
     Ok(answer(StatusCode::CREATED, &hold))
 }
@@ -314,4 +368,48 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
         (None, None) => newest.to_string(),
     };
     Ok(json(StatusCode::OK, &Page { events: page, next }))
+}
+
+/// `PATCH /v1/shows/{show}/holds/{token}`.
+async fn modify(req: &Req<'_>, show: ShowId, token: &str) -> Result<Resp, Error> {
+    let body: ChangeBody = req.json(true)?;
+    let change = crate::hold::Change {
+        add: seat_ids(&body.add)?,
+        remove: seat_ids(&body.remove)?,
+        pools: pool_units(&show, &body.pools, 0)?
+            .into_iter()
+            .map(|p| (p.pool, p.quantity))
+            .collect(),
+    };
+    let idem = req.idem()?;
+    let token = HoldToken::parse(token)?;
+    let hold = req
+        .service()
+        .modify(&req.deadline(), &show, token, change, idem.as_ref())
+        .await?;
+    Ok(answer(StatusCode::OK, &hold))
+}
+
+/// `GET` and `PUT /v1/shows/{show}/pools/{pool}`.
+async fn pool_route(req: &Req<'_>, show: ShowId, pool: &str) -> Result<Resp, Error> {
+    let pool = PoolId::parse(pool)?;
+    let capacity = if req.head.method == Method::PUT {
+        let body: PoolBody = req.json(true)?;
+        Some(body::count(&body.capacity, "capacity", 0)?)
+    } else {
+        None
+    };
+    let pool = req
+        .service()
+        .pool(&req.deadline(), &show, &pool, capacity)
+        .await?;
+    Ok(json(StatusCode::OK, &pool))
+}
+
+/// `PUT /v1/shows/{show}/settings`.
+async fn settings(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
+    let body: SettingsBody = req.json(true)?;
+    let max = body::count(&body.max_per_holder, "maxPerHolder", 0)?;
+    let settings = req.service().settings(&req.deadline(), &show, max).await?;
+    Ok(json(StatusCode::OK, &settings))
 }

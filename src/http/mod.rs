@@ -95,7 +95,10 @@ impl App {
         let Some(expected) = &self.api_token else {
             return Ok(());
         };
-        if !matches!(*method, Method::POST | Method::DELETE) {
+        if !matches!(
+            *method,
+            Method::POST | Method::DELETE | Method::PUT | Method::PATCH
+        ) {
             return Ok(());
         }
         let given = headers

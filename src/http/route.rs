@@ -53,6 +53,8 @@ pub enum Route<'p> {
     Seat { show: &'p str, seat: &'p str },
     Seats { show: &'p str },
     Events { show: &'p str },
+    Pool { show: &'p str, pool: &'p str },
+    Settings { show: &'p str },
     Ui { show: &'p str },
     Unknown,
 }
@@ -83,6 +85,8 @@ impl<'p> Route<'p> {
             ["v1", "shows", show, "seats", seat] => Self::Seat { show, seat },
             ["v1", "shows", show, "seats"] => Self::Seats { show },
             ["v1", "shows", show, "events"] => Self::Events { show },
+            ["v1", "shows", show, "pools", pool] => Self::Pool { show, pool },
+            ["v1", "shows", show, "settings"] => Self::Settings { show },
             ["ui", "shows", show] => Self::Ui { show },
             _ => Self::Unknown,
         }
@@ -103,6 +107,8 @@ impl<'p> Route<'p> {
             Self::Seat { .. } => "/v1/shows/{show}/seats/{seat}",
             Self::Seats { .. } => "/v1/shows/{show}/seats",
             Self::Events { .. } => "/v1/shows/{show}/events",
+            Self::Pool { .. } => "/v1/shows/{show}/pools/{pool}",
+            Self::Settings { .. } => "/v1/shows/{show}/settings",
             Self::Ui { .. } => "/ui/shows/{show}",
             Self::Unknown => "unmatched",
         }
@@ -119,6 +125,8 @@ impl<'p> Route<'p> {
             | Self::Seat { show, .. }
             | Self::Seats { show }
             | Self::Events { show }
+            | Self::Pool { show, .. }
+            | Self::Settings { show }
             | Self::Ui { show } => Some(show),
             Self::Healthz | Self::Readyz | Self::Metrics | Self::MultiHold | Self::Unknown => None,
         }
@@ -133,7 +141,9 @@ impl<'p> Route<'p> {
             | Self::Seats { .. }
             | Self::Events { .. }
             | Self::Ui { .. } => &[Method::GET],
-            Self::Hold { .. } => &[Method::GET, Method::DELETE],
+            Self::Hold { .. } => &[Method::GET, Method::DELETE, Method::PATCH],
+            Self::Pool { .. } => &[Method::GET, Method::PUT],
+            Self::Settings { .. } => &[Method::PUT],
             Self::MultiHold
             | Self::ShowHolds { .. }
             | Self::SeatHold { .. }
@@ -151,7 +161,9 @@ impl<'p> Route<'p> {
     /// The `Allow` header of a 405 on this route.
     pub fn allow_header(&self) -> &'static str {
         match self.methods() {
-            [Method::GET, Method::DELETE] => "GET, DELETE",
+            [Method::GET, Method::DELETE, Method::PATCH] => "GET, DELETE, PATCH",
+            [Method::GET, Method::PUT] => "GET, PUT",
+            [Method::PUT] => "PUT",
             [Method::POST] => "POST",
             _ => "GET",
         }
@@ -217,7 +229,8 @@ mod tests {
         let segments = Segments::of("/v1/shows/42/holds/t");
         let hold = Route::parse(segments.as_ref());
         assert!(hold.allows(&Method::DELETE) && !hold.allows(&Method::POST));
-        assert_eq!(hold.allow_header(), "GET, DELETE");
+        assert!(hold.allows(&Method::PATCH));
+        assert_eq!(hold.allow_header(), "GET, DELETE, PATCH");
         assert!(Route::Healthz.allows(&Method::HEAD));
         assert!(!Route::Metrics.allows(&Method::HEAD));
         assert_eq!(Route::Readyz.allow_header(), "GET");

@@ -595,6 +595,7 @@ pub fn scrape(text: &str) -> BTreeMap<String, f64> {
             Some((series.to_owned(), value.parse().ok()?))
         })
         .collect()
+}
 
 // ----- fault and resharding helpers (tests/faults.rs, tests/reshard.rs) -----
 

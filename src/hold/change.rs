@@ -1,0 +1,294 @@
+//! Changing a live hold by token: extend, release, confirm.
+
+use redis::Value;
+
+use super::lookup::Found;
+use super::plan::{ints, replay_of, Tail};
+use super::{count, Answer, Service, INTERNAL_IDEMPOTENCY_TTL_MS};
+use crate::cluster::{Deadline, Wait};
+use crate::error::Error;
+use crate::idempotency::{Idem, Recorded};
+use crate::ids::{HoldToken, ShowId};
+use crate::metrics as m;
+use crate::model::{Confirmation, Contents, Hold};
+
+impl Service {
+    /// The hold record's key, the key of every seat of the hold, then the
+    /// tail's keys.
+    fn hold_keys(
+        &self,
+        show: &ShowId,
+        token: &HoldToken,
+        contents: &Contents,
+        tail: &Tail,
+    ) -> Vec<String> {
+        let mut key_list = Vec::with_capacity(3 + contents.seats.len() + tail.keys.len());
+        key_list.push(self.keys.hold_record(show, token));
+        key_list.extend(
+            contents
+                .seats
+                .pairs(show)
+                .map(|(s, seat)| self.keys.seat(s, seat)),
+        );
+        key_list.extend(tail.keys.iter().cloned());
+        key_list
+    }
+
+    /// The live hold `token` of `show`.
+    pub async fn get(
+        &self,
+        deadline: &Deadline,
+        show: &ShowId,
+        token: HoldToken,
+    ) -> Result<Hold, Error> {
+        let rec = self.live(deadline, show, &token).await?;
+        Ok(Hold::new(
+            token,
+            show.clone(),
+            rec.contents,
+            rec.fence,
+            rec.pttl,
+            rec.now_ms,
+        ))
+    }
+
+    /// Sets the remaining time of hold `token` to `ttl_ms`.
+    pub async fn extend(
+        &self,
+        deadline: &Deadline,
+        show: &ShowId,
+        token: HoldToken,
+        ttl_ms: Option<u64>,
+        idem: Option<&Idem>,
+    ) -> Result<Answer<Hold>, Error> {
+        let ttl = self.ttl(ttl_ms)?;
+        let lookup = self.lookup(deadline, show, &token, idem, false).await?;
+        if let (Some(recorded), Some(idem)) = (lookup.recorded, idem) {
+            let recorded = Recorded::parse(&recorded, idem)?;
+            return replay_extend(show, token, lookup.found, lookup.now_ms, &recorded);
+        }
+        let Found::Hold(rec) = lookup.found else {
+            return Err(Error::HoldNotFound);
+        };
+        let tail = Tail::new(self, show, &rec.contents, &token, false);
+        let mut key_list = self.hold_keys(show, &token, &rec.contents, &tail);
+        let (idem_key, fingerprint) = self.idem_args(show, idem);
+        key_list.extend(idem_key);
+        let max = self.limits.max_hold_lifetime_ms;
+        let reply: Vec<Value> = self
+            .cluster
+            .eval(deadline, &self.cluster.scripts().extend, &key_list, |c| {
+                c.arg(token.as_str())
+                    .arg(ttl)
+                    .arg(max)
+                    .arg(fingerprint)
+                    .arg(self.limits.idempotency_ttl_ms);
+                tail.push(c);
+            })
+            .await?;
+        if let (Some(recorded), Some(idem)) = (replay_of(&reply), idem) {
+            // A concurrent twin of this request won the race.
+            let recorded = Recorded::parse(&recorded, idem)?;
+            return replay_extend(show, token, Found::Hold(rec), lookup.now_ms, &recorded);
+        }
+        match ints(&reply).unwrap_or_default().as_slice() {
+            [1, fence, pttl, now] => {
+                count(m::EXTENDS, 1);
+                tail.count_events("extended");
+                let shows: Vec<ShowId> = rec.contents.by_show(show).into_keys().collect();
+                self.schedule_sweep(&shows, ttl);
+                Ok(Answer::fresh(Hold::new(
+                    token,
+                    show.clone(),
+                    rec.contents,
+                    *fence,
+                    *pttl,
+                    *now,
+                )))
+            }
+            [0] => Err(Error::HoldNotFound),
+            [-1, created, now] => Err(Error::LifetimeExceeded {
+                max_ms: max,
+                remaining_ms: i64::try_from(max).unwrap_or(i64::MAX) - (now - created),
+            }),
+            _ => Err(Error::Internal(format!(
+                "unexpected reply of extend.lua: {reply:?}"
+            ))),
+        }
+    }
+
+    /// Releases hold `token`: its seats become free where they still carry
+    /// it, its pool units go back.
+    pub async fn release(
+        &self,
+        deadline: &Deadline,
+        show: &ShowId,
+        token: HoldToken,
+        idem: Option<&Idem>,
+    ) -> Result<Answer<()>, Error> {
+        let lookup = self.lookup(deadline, show, &token, idem, false).await?;
+        if let (Some(recorded), Some(idem)) = (lookup.recorded, idem) {
+            Recorded::parse(&recorded, idem)?;
+            return Ok(Answer::replayed(()));
+        }
+        let Found::Hold(rec) = lookup.found else {
+            return Err(Error::HoldNotFound);
+        };
+        // Without a client's key, a key of the daemon's own: a resend of the
+        // script then finds it and answers 204 as the first run did.
+        let internal;
+        let (idem, ttl, own_key) = match idem {
+            Some(idem) => (idem, self.limits.idempotency_ttl_ms, false),
+            None => {
+                internal = Idem::internal();
+                (&internal, INTERNAL_IDEMPOTENCY_TTL_MS, true)
+            }
+        };
+        let tail = Tail::new(self, show, &rec.contents, &token, false);
+        let mut key_list = self.hold_keys(show, &token, &rec.contents, &tail);
+        key_list.push(self.keys.idempotency(show, idem.key.as_str()));
+        let reply: Value = self
+            .cluster
+            .eval(deadline, &self.cluster.scripts().release, &key_list, |c| {
+                c.arg(token.as_str()).arg(&idem.fingerprint).arg(ttl);
+                tail.push(c);
+            })
+            .await?;
+        match reply {
+            Value::Int(1) => {
+                count(m::RELEASES, 1);
+                tail.count_events("released");
+                Ok(Answer::fresh(()))
+            }
+            Value::Int(0) => Err(Error::HoldNotFound),
+            Value::Array(reply) => {
+                let recorded = replay_of(&reply)
+                    .ok_or_else(|| Error::Internal("unexpected reply of release.lua".into()))?;
+                Recorded::parse(&recorded, idem)?;
+                // The daemon's own resend is no replay for the client.
+                Ok(if own_key {
+                    count(m::RELEASES, 1);
+                    Answer::fresh(())
+                } else {
+                    Answer::replayed(())
+                })
+            }
+            other => Err(Error::Internal(format!(
+                "unexpected reply of release.lua: {other:?}"
+            ))),
+        }
+    }
+
+    /// Sells hold `token`, then waits for replicas to have the sale (see
+    /// [`crate::cluster::Cluster::eval_and_wait`]). A confirmed token
+    /// confirms again with the same answer; so does a repeat under the same
+    /// `idem`, which confirms and waits again, so that its 200 still means
+    /// "replicated".
+    pub async fn confirm(
+        &self,
+        deadline: &Deadline,
+        show: &ShowId,
+        token: HoldToken,
+        idem: Option<&Idem>,
+    ) -> Result<Answer<Confirmation>, Error> {
+        let lookup = self.lookup(deadline, show, &token, idem, true).await?;
+        let replayed = match (lookup.recorded, idem) {
+            (Some(recorded), Some(idem)) => {
+                Recorded::parse(&recorded, idem)?;
+                true
+            }
+            _ => false,
+        };
+        let rec = match lookup.found {
+            Found::Hold(rec) | Found::Sale(rec) => rec,
+            Found::Nothing => return Err(Error::HoldNotFound),
+        };
+        let tail = Tail::new(self, show, &rec.contents, &token, false);
+        let mut key_list = self.hold_keys(show, &token, &rec.contents, &tail);
+        key_list.insert(1, self.keys.sale_record(show, &token));
+        // A replay confirms again without recording again.
+        let (idem_key, fingerprint) = self.idem_args(show, idem.filter(|_| !replayed));
+        key_list.extend(idem_key);
+        let wait = Wait {
+            replicas: self.limits.confirm_wait_replicas,
+            timeout_ms: self.limits.confirm_wait_timeout_ms,
+        };
+        let (reply, replicas): (Vec<i64>, i64) = self
+            .cluster
+            .eval_and_wait(
+                deadline,
+                &self.cluster.scripts().confirm,
+                &key_list,
+                |c| {
+                    c.arg(token.as_str())
+                        .arg(fingerprint)
+                        .arg(self.limits.idempotency_ttl_ms);
+                    tail.push(c);
+                },
+                // Nothing was sold when the hold is gone: no WAIT.
+                |reply: &Vec<i64>| (reply.first() != Some(&0)).then_some(wait),
+            )
+            .await?;
+        let (first, fence) = match reply.as_slice() {
+            [0] => return Err(Error::HoldNotFound),
+            [state @ (1 | 2), fence] => (*state == 1, *fence),
+            other => {
+                return Err(Error::Internal(format!(
+                    "unexpected reply of confirm.lua: {other:?}"
+                )))
+            }
+        };
+        if first {
+            count(m::CONFIRMS, 1);
+            tail.count_events("confirmed");
+        }
+        let confirmation = Confirmation {
+            hold_token: token,
+            show: show.clone(),
+            pools: rec.contents.pools_view(),
+            seats: rec.contents.seats,
+            fence,
+            replicas,
+        };
+        if replicas < i64::from(wait.replicas) {
+            count(m::CONFIRMS_NOT_REPLICATED, 1);
+            tracing::warn!(%show, replicas, wanted = wait.replicas, "confirm not replicated in time");
+            return Err(Error::NotReplicated(Box::new(confirmation)));
+        }
+        Ok(if replayed {
+            Answer::replayed(confirmation)
+        } else {
+            Answer::fresh(confirmation)
+        })
+    }
+}
+
+/// An extend's recorded outcome `200 <fence> <at> <kind> <items>`, answered
+/// again with the hold's current remaining time while it lives.
+pub(super) fn replay_extend(
+    show: &ShowId,
+    token: HoldToken,
+    found: Found,
+    now_ms: i64,
+    recorded: &Recorded,
+) -> Result<Answer<Hold>, Error> {
+    let (fence, at) = (recorded.int(0)?, recorded.int(1)?);
+    let unreadable = || Error::Internal("unreadable idempotency record of an extend".into());
+    let (contents, pttl) = match found {
+        Found::Hold(rec) => (rec.contents, rec.pttl),
+        _ => {
+            let kind = recorded.fields.get(2).ok_or_else(unreadable)?;
+            let contents =
+                Contents::decode(kind, &recorded.rest(3), show).ok_or_else(unreadable)?;
+            (contents, (at - now_ms).max(0))
+        }
+    };
+    Ok(Answer::replayed(Hold::new(
+        token,
+        show.clone(),
+        contents,
+        fence,
+        pttl,
+        now_ms,
+    )))
+}

@@ -1,0 +1,301 @@
+//! Granting a hold: `lua/hold.lua`, its answers, its replays, and what
+//! happens to a hold whose answer never reached its client.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use super::lookup::Found;
+use super::plan::{check_one_slot, ints, replay_of, taken, Tail};
+use super::{count, Answer, Service};
+use crate::cluster::{Deadline, RedisFault};
+use crate::error::Error;
+use crate::idempotency::{Idem, Recorded};
+use crate::ids::{HoldToken, SeatId, ShowId};
+use crate::metrics as m;
+use crate::model::{Contents, Hold, Shortfall};
+
+impl Service {
+    /// Holds `contents`, all or nothing. `home` is the show whose routes
+    /// serve the hold afterwards. With `idem`, the outcome is recorded in
+    /// the same script and a repeat answers it again.
+    pub async fn hold(
+        &self,
+        deadline: &Deadline,
+        home: &ShowId,
+        contents: Contents,
+        ttl_ms: Option<u64>,
+        idem: Option<&Idem>,
+    ) -> Result<Answer<Hold>, Error> {
+        self.check_contents(home, &contents)?;
+        let ttl = self.ttl(ttl_ms)?;
+        check_one_slot(home, &contents)?;
+
+        let token = HoldToken::new();
+        let shows: Vec<ShowId> = contents.by_show(home).into_keys().collect();
+        let pairs: Vec<(&ShowId, &SeatId)> = contents.seats.pairs(home).collect();
+        let seat_keys: Vec<String> = pairs
+            .iter()
+            .map(|&(show, seat)| self.keys.seat(show, seat))
+            .collect();
+        let tail = Tail::new(self, home, &contents, &token, true);
+        // With events on, the stream ids give the fences.
+        let fences = if self.limits.events_max_len.is_some() {
+            0
+        } else {
+            shows.len()
+        };
+        let mut key_list = Vec::with_capacity(2 + fences + seat_keys.len() + tail.keys.len());
+        key_list.push(self.keys.hold_record(home, &token));
+        key_list.extend(shows.iter().take(fences).map(|show| self.keys.fence(show)));
+        key_list.extend(seat_keys.iter().cloned());
+        key_list.extend(tail.keys.iter().cloned());
+        let (idem_key, fingerprint) = self.idem_args(home, idem);
+        key_list.extend(idem_key);
+
+        let encoded = contents.encode(home);
+        let kind = contents.kind();
+        // Without a key, nobody can find this hold again unless its answer
+        // arrives: it is abandoned when the script may have run but the
+        // request ends without that answer, by a 503 or by being dropped
+        // (the client closed its connection first).
+        let mut in_flight = InFlight {
+            service: self,
+            token: &token,
+            seat_keys: &seat_keys,
+            home,
+            contents: &contents,
+            ttl_ms: ttl,
+            armed: idem.is_none(),
+        };
+        let reply: Result<Vec<Value>, Error> = self
+            .cluster
+            .eval(deadline, &self.cluster.scripts().hold, &key_list, |c| {
+                c.arg(token.as_str())
+                    .arg(ttl)
+                    .arg(fences)
+                    .arg(&kind)
+                    .arg(&encoded)
+                    .arg(fingerprint)
+                    .arg(self.limits.idempotency_ttl_ms);
+                tail.push_for_hold(c, seat_keys.len(), self.limits.max_per_holder);
+            })
+            .await;
+        in_flight.armed &= reply.as_ref().is_err_and(may_have_run);
+        drop(in_flight);
+        let reply = reply?;
+        if let (Some(recorded), Some(idem)) = (replay_of(&reply), idem) {
+            let recorded = Recorded::parse(&recorded, idem)?;
+            return self.replay_hold(deadline, home, contents, &recorded).await;
+        }
+        let multi = contents.seats.is_multi();
+        match ints(&reply).unwrap_or_default().as_slice() {
+            [1, fence, pttl, now] => {
+                count(m::HOLDS, 1);
+                count(m::SEATS_HELD, contents.seats.len() as u64);
+                let units: u64 = contents.pools.iter().map(|p| u64::from(p.quantity)).sum();
+                count(m::POOL_UNITS_HELD, units);
+                tail.count_events("held");
+                self.schedule_sweep(&shows, ttl);
+                Ok(Answer::fresh(Hold::new(
+                    token,
+                    home.clone(),
+                    contents,
+                    *fence,
+                    *pttl,
+                    *now,
+                )))
+            }
+            [0, rest @ ..] if rest.len() % 3 == 0 => {
+                count(m::HOLD_CONFLICTS, 1);
+                Err(Error::SeatsTaken(taken(rest, &pairs, multi), Vec::new()))
+            }
+            [-5, n, rest @ ..] => {
+                count(m::HOLD_CONFLICTS, 1);
+                let n = usize::try_from(*n).unwrap_or(0).min(rest.len());
+                let (seats, pools) = rest.split_at(n);
+                let short: Vec<Shortfall> = pools
+                    .chunks_exact(3)
+                    .filter_map(|c| {
+                        let p = contents
+                            .pools
+                            .get(usize::try_from(c[0]).ok()?.checked_sub(1)?)?;
+                        Some(Shortfall {
+                            show: multi.then(|| p.show.clone()),
+                            pool: p.pool.clone(),
+                            requested: p.quantity,
+                            available: c[2],
+                        })
+                    })
+                    .collect();
+                Err(if seats.is_empty() {
+                    Error::PoolExhausted(short)
+                } else {
+                    Error::SeatsTaken(taken(seats, &pairs, multi), short)
+                })
+            }
+            [-6, limit, current, requested] => {
+                count(m::HOLD_CONFLICTS, 1);
+                count(m::HOLDER_LIMIT_REJECTIONS, 1);
+                Err(Error::HolderLimit {
+                    limit: *limit,
+                    current: *current,
+                    requested: *requested,
+                })
+            }
+            _ => Err(Error::Internal(format!(
+                "unexpected reply of hold.lua: {reply:?}"
+            ))),
+        }
+    }
+
+    /// What needs no Redis: something to hold, at most
+    /// `--max-seats-per-hold` seats and as many pools, nothing twice.
+    fn check_contents(&self, home: &ShowId, contents: &Contents) -> Result<(), Error> {
+        if contents.is_empty() {
+            return Err(Error::InvalidRequest(
+                "a hold must name at least one seat or pool unit".into(),
+            ));
+        }
+        self.check_count(contents.seats.len())?;
+        self.check_count(contents.pools.len())?;
+        // At most --max-seats-per-hold of each (checked above), so comparing
+        // pairs beats hashing them.
+        let pairs: Vec<(&ShowId, &SeatId)> = contents.seats.pairs(home).collect();
+        for (i, pair) in pairs.iter().enumerate() {
+            if pairs[..i].contains(pair) {
+                let (show, seat) = pair;
+                return Err(Error::DuplicateSeat(if contents.seats.is_multi() {
+                    format!("{show}/{seat}")
+                } else {
+                    seat.to_string()
+                }));
+            }
+        }
+        for (i, p) in contents.pools.iter().enumerate() {
+            if contents.pools[..i]
+                .iter()
+                .any(|q| q.show == p.show && q.pool == p.pool)
+            {
+                return Err(Error::InvalidRequest(format!(
+                    "pool {}/{} is named more than once",
+                    p.show, p.pool
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A hold's recorded outcome `201 <token> <fence> <at>`, answered again
+    /// with the hold's current remaining time while it lives.
+    async fn replay_hold(
+        &self,
+        deadline: &Deadline,
+        home: &ShowId,
+        contents: Contents,
+        recorded: &Recorded,
+    ) -> Result<Answer<Hold>, Error> {
+        let token = HoldToken::parse(recorded.fields.first().map_or("", String::as_str))?;
+        let (fence, at) = (recorded.int(1)?, recorded.int(2)?);
+        let lookup = self.lookup(deadline, home, &token, None, false).await?;
+        let pttl = match lookup.found {
+            Found::Hold(rec) => rec.pttl,
+            _ => (at - lookup.now_ms).max(0),
+        };
+        Ok(Answer::replayed(Hold::new(
+            token,
+            home.clone(),
+            contents,
+            fence,
+            pttl,
+            lookup.now_ms,
+        )))
+    }
+
+    /// Releases (or forestalls) in the background the hold `token` whose
+    /// request ended without an answer (503, or dropped with its client)
+    /// after its script may have reached Redis, until that succeeds or the
+    /// hold would have expired anyway.
+    fn abandon_later(&self, token: HoldToken, keys: Vec<String>, ttl_ms: u64, tail: Tail) {
+        // Called from a drop, which can happen outside a runtime (at exit).
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                "no runtime to abandon a hold left without an answer; it expires by itself"
+            );
+            return;
+        };
+        let cluster = Arc::clone(&self.cluster);
+        runtime.spawn(async move {
+            let give_up = Instant::now() + Duration::from_millis(ttl_ms);
+            let mut backoff = Duration::from_millis(50);
+            loop {
+                let deadline = cluster.deadline();
+                let script = &cluster.scripts().abandon;
+                let done: Result<i64, Error> = cluster
+                    .eval(&deadline, script, &keys, |c| {
+                        c.arg(token.as_str()).arg(ttl_ms);
+                        tail.push(c);
+                    })
+                    .await;
+                match done {
+                    Ok(released) => {
+                        count(m::ORPHAN_RELEASES, 1);
+                        if released == 1 {
+                            tail.count_events("released");
+                        }
+                        tracing::info!(released = released == 1, "abandoned a hold left without an answer");
+                        return;
+                    }
+                    Err(err) if Instant::now() >= give_up => {
+                        tracing::warn!(error = %err, "gave up abandoning a hold left without an answer; it expires by itself");
+                        return;
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(1));
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// A hold script in flight for a request without an `Idempotency-Key`.
+/// Dropped while armed (the request failed after its script may have run,
+/// or the request itself was dropped because its client went away), it has
+/// the hold abandoned in the background: nobody else will ever learn its
+/// token.
+struct InFlight<'a> {
+    service: &'a Service,
+    token: &'a HoldToken,
+    seat_keys: &'a [String],
+    home: &'a ShowId,
+    contents: &'a Contents,
+    ttl_ms: u64,
+    armed: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let s = self.service;
+        let tail = Tail::new(s, self.home, self.contents, self.token, false);
+        let mut keys = Vec::with_capacity(1 + self.seat_keys.len() + tail.keys.len());
+        keys.push(s.keys.hold_record(self.home, self.token));
+        keys.extend(self.seat_keys.iter().cloned());
+        keys.extend(tail.keys.iter().cloned());
+        s.abandon_later(self.token.clone(), keys, self.ttl_ms, tail);
+    }
+}
+
+/// Whether the script of a request that failed with `err` may have run:
+/// it timed out, or its connection broke after sending.
+fn may_have_run(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::RedisUnavailable(RedisFault::Timeout | RedisFault::Io, _)
+    )
+}

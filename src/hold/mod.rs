@@ -1,0 +1,186 @@
+//! The hold operations: typed ids in, one script, a shaped answer.
+//!
+//! The ids arrive parsed (see [`crate::ids`]); what is left to check without
+//! Redis is checked here first (seat count, duplicates, TTL range, hash
+//! slots), so a bad request never costs a round trip, and a hold whose keys
+//! span slots is refused before any command for it is sent.
+//!
+//! - [`grant`](self): `hold`, its answers and replays, abandoning holds
+//!   whose answer never arrived.
+//! - `change`: `get`, `extend`, `release`, `confirm`.
+//! - `inventory`: pools and show settings.
+//! - `modify`: changing a hold's seats and pool units (`PATCH`).
+//! - `lookup`: reading a hold back by token.
+//! - `plan`: the pool, holder and event keys and arguments every write
+//!   script takes, and the readers of script replies.
+
+use std::sync::Arc;
+
+use crate::cluster::{Cluster, Deadline};
+use crate::error::Error;
+use crate::events::sweep::Sweeper;
+use crate::idempotency::Idem;
+use crate::ids::{SeatId, ShowId};
+use crate::keys::KeySpace;
+use crate::metrics as m;
+use crate::model::State;
+
+mod change;
+mod grant;
+mod inventory;
+mod lookup;
+mod modify;
+mod plan;
+
+pub use modify::Change;
+
+/// Limits from the command line.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub default_ttl_ms: u64,
+    pub max_ttl_ms: u64,
+    pub max_hold_lifetime_ms: u64,
+    pub max_seats_per_hold: usize,
+    pub confirm_wait_replicas: u32,
+    pub confirm_wait_timeout_ms: u64,
+    /// How long the outcome under an `Idempotency-Key` is kept.
+    pub idempotency_ttl_ms: u64,
+    /// The cap of each show's event stream; `None` with events off.
+    pub events_max_len: Option<u64>,
+    /// Most seats plus pool units per holder and show, where a show's
+    /// settings name none (0: no limit).
+    pub max_per_holder: u64,
+}
+
+/// How long the daemon's own idempotency record of a release is kept: long
+/// enough for any resend of its script within one request's deadline.
+const INTERNAL_IDEMPOTENCY_TTL_MS: u64 = 60_000;
+
+/// An answer, and whether it was replayed from an idempotency record.
+#[derive(Debug)]
+pub struct Answer<T> {
+    pub value: T,
+    pub replayed: bool,
+}
+
+impl<T> Answer<T> {
+    fn fresh(value: T) -> Self {
+        Self {
+            value,
+            replayed: false,
+        }
+    }
+
+    fn replayed(value: T) -> Self {
+        metrics::counter!(m::IDEMPOTENT_REPLAYS).increment(1);
+        Self {
+            value,
+            replayed: true,
+        }
+    }
+}
+
+/// The hold service: the operations behind the routes.
+pub struct Service {
+    cluster: Arc<Cluster>,
+    keys: KeySpace,
+    limits: Limits,
+    /// Told of every deadline this instance sets (events on).
+    sweeper: Option<Arc<Sweeper>>,
+}
+
+impl Service {
+    pub fn new(
+        cluster: Arc<Cluster>,
+        keys: KeySpace,
+        limits: Limits,
+        sweeper: Option<Arc<Sweeper>>,
+    ) -> Self {
+        Self {
+            cluster,
+            keys,
+            limits,
+            sweeper,
+        }
+    }
+
+    /// The cluster this service runs on.
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        &self.cluster
+    }
+
+    /// The key space.
+    pub fn keys(&self) -> &KeySpace {
+        &self.keys
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Has the sweeper look at `shows` when `ttl_ms` has passed.
+    fn schedule_sweep(&self, shows: &[ShowId], ttl_ms: u64) {
+        if let Some(sweeper) = &self.sweeper {
+            for show in shows {
+                sweeper.schedule(show, ttl_ms);
+            }
+        }
+    }
+
+    fn ttl(&self, ttl_ms: Option<u64>) -> Result<u64, Error> {
+        let ttl = ttl_ms.unwrap_or(self.limits.default_ttl_ms);
+        if ttl == 0 || ttl > self.limits.max_ttl_ms {
+            return Err(Error::InvalidTtl(format!(
+                "ttlMs must be a positive integer of at most {}",
+                self.limits.max_ttl_ms
+            )));
+        }
+        Ok(ttl)
+    }
+
+    fn check_count(&self, count: usize) -> Result<(), Error> {
+        if count > self.limits.max_seats_per_hold {
+            return Err(Error::TooManySeats(self.limits.max_seats_per_hold));
+        }
+        Ok(())
+    }
+
+    /// The idempotency key of `idem` under `show`, and the script argument
+    /// that goes with it: its fingerprint, or "" when none.
+    fn idem_args<'a>(&self, show: &ShowId, idem: Option<&'a Idem>) -> (Option<String>, &'a str) {
+        match idem {
+            Some(idem) => (
+                Some(self.keys.idempotency(show, idem.key.as_str())),
+                idem.fingerprint.as_str(),
+            ),
+            None => (None, ""),
+        }
+    }
+
+    /// The states of `seats` of `show`, in order.
+    pub async fn seat_states(
+        &self,
+        deadline: &Deadline,
+        show: &ShowId,
+        seats: &[SeatId],
+    ) -> Result<Vec<State>, Error> {
+        self.check_count(seats.len())?;
+        let key_list: Vec<String> = seats.iter().map(|s| self.keys.seat(show, s)).collect();
+        let reply: Vec<i64> = self
+            .cluster
+            .eval(deadline, &self.cluster.scripts().seats, &key_list, |_| {})
+            .await?;
+        if reply.len() != 2 * seats.len() {
+            return Err(Error::Internal("bad reply of seats.lua".into()));
+        }
+        Ok(reply
+            .chunks_exact(2)
+            .map(|c| State::from_reply(c[0], c[1]))
+            .collect())
+    }
+}
+
+fn count(name: &'static str, by: u64) {
+    metrics::counter!(name).increment(by);
+}

@@ -1,0 +1,230 @@
+//! Changing what a hold holds: `PATCH /v1/shows/{show}/holds/{token}`,
+//! `lua/modify.lua`.
+
+use std::collections::BTreeMap;
+
+use redis::Value;
+
+use super::change::replay_extend;
+use super::lookup::Found;
+use super::plan::{ints, replay_of, taken};
+use super::{count, Answer, Service};
+use crate::cluster::Deadline;
+use crate::error::Error;
+use crate::idempotency::{Idem, Recorded};
+use crate::ids::{HoldToken, PoolId, SeatId, ShowId};
+use crate::metrics as m;
+use crate::model::{Contents, Hold, PoolUnits, Seats, Shortfall};
+
+/// A change: seats to add and to give back, and new pool quantities (0
+/// gives a pool's units back).
+#[derive(Debug, Clone, Default)]
+pub struct Change {
+    pub add: Vec<SeatId>,
+    pub remove: Vec<SeatId>,
+    pub pools: BTreeMap<PoolId, u32>,
+}
+
+impl Service {
+    /// Changes hold `token` of `show` under the same token and expiry, all
+    /// or nothing; answers the hold with its new fence.
+    pub async fn modify(
+        &self,
+        deadline: &Deadline,
+        show: &ShowId,
+        token: HoldToken,
+        change: Change,
+        idem: Option<&Idem>,
+    ) -> Result<Answer<Hold>, Error> {
+        let lookup = self.lookup(deadline, show, &token, idem, false).await?;
+        if let (Some(recorded), Some(idem)) = (lookup.recorded, idem) {
+            let recorded = Recorded::parse(&recorded, idem)?;
+            return replay_extend(show, token, lookup.found, lookup.now_ms, &recorded);
+        }
+        let Found::Hold(rec) = lookup.found else {
+            return Err(Error::HoldNotFound);
+        };
+        let old = rec.contents;
+        let new = self.changed(show, &old, &change)?;
+
+        let Seats::Show(old_seats) = &old.seats else {
+            return Err(Error::InvalidRequest(
+                "a hold made with POST /v1/holds cannot be changed; release it and hold again"
+                    .into(),
+            ));
+        };
+        let kept: Vec<&SeatId> = old_seats
+            .iter()
+            .filter(|s| !change.remove.contains(s))
+            .collect();
+        let mut pool_ids: Vec<&PoolId> = old.pools.iter().map(|p| &p.pool).collect();
+        pool_ids.extend(change.pools.keys());
+        pool_ids.sort_unstable();
+        pool_ids.dedup();
+        let quantity = |c: &Contents, pool: &PoolId| {
+            c.pools
+                .iter()
+                .find(|p| &p.pool == pool)
+                .map_or(0, |p| p.quantity)
+        };
+
+        let mut keys = vec![self.keys.hold_record(show, &token), self.keys.fence(show)];
+        keys.extend(kept.iter().map(|s| self.keys.seat(show, s)));
+        keys.extend(change.remove.iter().map(|s| self.keys.seat(show, s)));
+        keys.extend(change.add.iter().map(|s| self.keys.seat(show, s)));
+        for pool in &pool_ids {
+            keys.push(self.keys.pool(show, pool.as_str()));
+            keys.push(self.keys.pool_holds(show, pool.as_str()));
+        }
+        if let Some(holder) = &old.holder {
+            keys.push(self.keys.settings(show));
+            keys.push(self.keys.holder(show, holder.as_str()));
+            keys.push(self.keys.holder_sold(show, holder.as_str()));
+        }
+        let events = self.limits.events_max_len;
+        if events.is_some() {
+            keys.push(self.keys.deadlines(show));
+            keys.push(self.keys.events(show));
+        }
+        let (idem_key, fingerprint) = self.idem_args(show, idem);
+        keys.extend(idem_key);
+
+        let items = |c: &Contents| c.by_show(show).remove(show).unwrap_or_default().items();
+        let record = format!("{} {}", new.kind(), new.encode(show));
+        let reply: Vec<Value> = self
+            .cluster
+            .eval(deadline, &self.cluster.scripts().modify, &keys, |c| {
+                c.arg(token.as_str())
+                    .arg(&record)
+                    .arg(token.hold_ref())
+                    .arg(fingerprint)
+                    .arg(self.limits.idempotency_ttl_ms)
+                    .arg(kept.len())
+                    .arg(change.remove.len())
+                    .arg(change.add.len())
+                    .arg(pool_ids.len())
+                    .arg(usize::from(old.holder.is_some()))
+                    .arg(self.limits.max_per_holder)
+                    .arg(usize::from(events.is_some()))
+                    .arg(events.unwrap_or(0))
+                    .arg(items(&old))
+                    .arg(items(&new))
+                    .arg(old.units())
+                    .arg(new.units());
+                for pool in &pool_ids {
+                    c.arg(quantity(&old, pool)).arg(quantity(&new, pool));
+                }
+            })
+            .await?;
+        if let (Some(recorded), Some(idem)) = (replay_of(&reply), idem) {
+            let recorded = Recorded::parse(&recorded, idem)?;
+            return replay_extend(show, token, Found::Nothing, lookup.now_ms, &recorded);
+        }
+        match ints(&reply).unwrap_or_default().as_slice() {
+            [1, fence, pttl, now] => {
+                if events.is_some() {
+                    metrics::counter!(m::EVENTS, "type" => "modified").increment(1);
+                }
+                Ok(Answer::fresh(Hold::new(
+                    token,
+                    show.clone(),
+                    new,
+                    *fence,
+                    *pttl,
+                    *now,
+                )))
+            }
+            [0] => Err(Error::HoldNotFound),
+            [2, rest @ ..] => {
+                count(m::HOLD_CONFLICTS, 1);
+                let pairs: Vec<(&ShowId, &SeatId)> = change.add.iter().map(|s| (show, s)).collect();
+                Err(Error::SeatsTaken(taken(rest, &pairs, false), Vec::new()))
+            }
+            [-5, rest @ ..] => {
+                count(m::HOLD_CONFLICTS, 1);
+                let short = rest
+                    .chunks_exact(3)
+                    .filter_map(|c| {
+                        let pool = pool_ids.get(usize::try_from(c[0]).ok()?.checked_sub(1)?)?;
+                        Some(Shortfall {
+                            show: None,
+                            pool: (*pool).clone(),
+                            requested: u32::try_from(c[1]).ok()?,
+                            available: c[2],
+                        })
+                    })
+                    .collect();
+                Err(Error::PoolExhausted(short))
+            }
+            [-6, limit, current, requested] => {
+                count(m::HOLD_CONFLICTS, 1);
+                count(m::HOLDER_LIMIT_REJECTIONS, 1);
+                Err(Error::HolderLimit {
+                    limit: *limit,
+                    current: *current,
+                    requested: *requested,
+                })
+            }
+            _ => Err(Error::Internal(format!(
+                "unexpected reply of modify.lua: {reply:?}"
+            ))),
+        }
+    }
+
+    /// The hold's contents after `change`, checked without Redis.
+    fn changed(&self, show: &ShowId, old: &Contents, change: &Change) -> Result<Contents, Error> {
+        let Seats::Show(seats) = &old.seats else {
+            return Err(Error::InvalidRequest(
+                "a hold made with POST /v1/holds cannot be changed; release it and hold again"
+                    .into(),
+            ));
+        };
+        for seat in &change.remove {
+            if !seats.contains(seat) {
+                return Err(Error::InvalidRequest(format!(
+                    "seat {seat} is not in this hold"
+                )));
+            }
+        }
+        let mut new_seats: Vec<SeatId> = seats
+            .iter()
+            .filter(|s| !change.remove.contains(s))
+            .cloned()
+            .collect();
+        for seat in &change.add {
+            if new_seats.contains(seat) || change.remove.contains(seat) {
+                return Err(Error::DuplicateSeat(seat.to_string()));
+            }
+            new_seats.push(seat.clone());
+        }
+        self.check_count(new_seats.len())?;
+        let mut pools: BTreeMap<PoolId, u32> = old
+            .pools
+            .iter()
+            .map(|p| (p.pool.clone(), p.quantity))
+            .collect();
+        for (pool, quantity) in &change.pools {
+            pools.insert(pool.clone(), *quantity);
+        }
+        pools.retain(|_, q| *q > 0);
+        self.check_count(pools.len())?;
+        let new = Contents {
+            seats: Seats::Show(new_seats),
+            pools: pools
+                .into_iter()
+                .map(|(pool, quantity)| PoolUnits {
+                    show: show.clone(),
+                    pool,
+                    quantity,
+                })
+                .collect(),
+            holder: old.holder.clone(),
+        };
+        if new.is_empty() {
+            return Err(Error::InvalidRequest(
+                "a change may not give back every seat and unit; release the hold instead".into(),
+            ));
+        }
+        Ok(new)
+    }
+}

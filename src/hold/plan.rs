@@ -1,0 +1,200 @@
+//! What a write script needs besides its own keys: the keys and arguments
+//! of the hold's pools, holder and events (the "tail" every write script
+//! takes in the same order), and the small readers of script replies.
+
+use std::collections::BTreeMap;
+
+use redis::{Cmd, Value};
+
+use super::Service;
+use crate::error::Error;
+use crate::ids::{HoldToken, SeatId, ShowId};
+use crate::keys;
+use crate::metrics as m;
+use crate::model::{Contents, SeatSlot, ShowPart, State, Taken};
+
+/// The tail of a write script, for one hold: per pool (its hash and holds),
+/// per show with a holder (its settings for hold.lua, the holder's holds and
+/// bought units), per show with events (deadline index and stream).
+pub(super) struct Tail {
+    pub keys: Vec<String>,
+    /// Shows with events (0 with events off).
+    events: usize,
+    max_len: u64,
+    hold_ref: String,
+    /// Per show with events: its items ("E7 @floor=2").
+    items: Vec<String>,
+    /// Per pool: the units held.
+    quantities: Vec<u32>,
+    /// Per show with a holder: its units.
+    units: Vec<u64>,
+}
+
+impl Tail {
+    /// The tail of the hold `token` of `home` with `contents`; hold.lua also
+    /// reads each show's settings (`with_settings`).
+    pub fn new(
+        service: &Service,
+        home: &ShowId,
+        contents: &Contents,
+        token: &HoldToken,
+        with_settings: bool,
+    ) -> Self {
+        let ks = &service.keys;
+        let parts: BTreeMap<ShowId, ShowPart> = contents.by_show(home);
+        let mut keys = Vec::new();
+        for p in &contents.pools {
+            keys.push(ks.pool(&p.show, p.pool.as_str()));
+            keys.push(ks.pool_holds(&p.show, p.pool.as_str()));
+        }
+        let mut units = Vec::new();
+        if let Some(holder) = &contents.holder {
+            for (show, part) in &parts {
+                if with_settings {
+                    keys.push(ks.settings(show));
+                }
+                keys.push(ks.holder(show, holder.as_str()));
+                keys.push(ks.holder_sold(show, holder.as_str()));
+                units.push(part.units());
+            }
+        }
+        let max_len = service.limits.events_max_len;
+        let mut items = Vec::new();
+        if max_len.is_some() {
+            for (show, part) in &parts {
+                keys.push(ks.deadlines(show));
+                keys.push(ks.events(show));
+                items.push(part.items());
+            }
+        }
+        Self {
+            keys,
+            events: items.len(),
+            max_len: max_len.unwrap_or(0),
+            hold_ref: token.hold_ref(),
+            items,
+            quantities: contents.pools.iter().map(|p| p.quantity).collect(),
+            units,
+        }
+    }
+
+    /// `E`, the cap, the ref, `P`, `H`, then items, quantities and units:
+    /// the argument tail of release, extend, confirm and abandon.
+    pub fn push(&self, cmd: &mut Cmd) {
+        cmd.arg(self.events)
+            .arg(self.max_len)
+            .arg(&self.hold_ref)
+            .arg(self.quantities.len())
+            .arg(self.units.len());
+        self.push_lists(cmd);
+    }
+
+    /// hold.lua's tail: `E`, the cap, the ref, `S`, `P`, `H`, the default
+    /// holder limit, then items, quantities and units.
+    pub fn push_for_hold(&self, cmd: &mut Cmd, seats: usize, holder_limit: u64) {
+        cmd.arg(self.events)
+            .arg(self.max_len)
+            .arg(&self.hold_ref)
+            .arg(seats)
+            .arg(self.quantities.len())
+            .arg(self.units.len())
+            .arg(holder_limit);
+        self.push_lists(cmd);
+    }
+
+    fn push_lists(&self, cmd: &mut Cmd) {
+        for items in &self.items {
+            cmd.arg(items);
+        }
+        for q in &self.quantities {
+            cmd.arg(q);
+        }
+        for u in &self.units {
+            cmd.arg(u);
+        }
+    }
+
+    /// Counts the events of type `kind` the script wrote, one per show.
+    pub fn count_events(&self, kind: &'static str) {
+        if self.events > 0 {
+            metrics::counter!(m::EVENTS, "type" => kind).increment(self.events as u64);
+        }
+    }
+}
+
+/// The integers of a script's reply, or `None` when one element is not.
+pub(super) fn ints(reply: &[Value]) -> Option<Vec<i64>> {
+    reply
+        .iter()
+        .map(|v| match v {
+            Value::Int(i) => Some(*i),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A reply's string element (a record).
+pub(super) fn text(v: Option<&Value>) -> Option<String> {
+    match v {
+        Some(Value::BulkString(b)) => String::from_utf8(b.clone()).ok(),
+        Some(Value::SimpleString(s)) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// The `{-3, record}` reply of a write script whose idempotency record
+/// already exists.
+pub(super) fn replay_of(reply: &[Value]) -> Option<String> {
+    match reply {
+        [Value::Int(-3), record] => text(Some(record)),
+        _ => None,
+    }
+}
+
+/// The seats a conflict names: the scripts answer `(index, state, pttl)`
+/// triples, the index 1-based into `pairs`.
+pub(super) fn taken(triples: &[i64], pairs: &[(&ShowId, &SeatId)], multi: bool) -> Vec<Taken> {
+    triples
+        .chunks_exact(3)
+        .filter_map(|c| {
+            let (show, seat) = pairs.get(usize::try_from(c[0]).ok()?.checked_sub(1)?)?;
+            let show = multi.then(|| (*show).clone());
+            Some(Taken::new(
+                show,
+                (*seat).clone(),
+                State::from_reply(c[1], c[2]),
+            ))
+        })
+        .collect()
+}
+
+/// Refuses a hold whose shows do not share one hash slot, naming the slot
+/// of every seat and pool. Every key of a hold carries one of its shows'
+/// tags, so the shows decide.
+pub(super) fn check_one_slot(home: &ShowId, contents: &Contents) -> Result<(), Error> {
+    let slot = |show: &ShowId| keys::slot(format!("{{show:{show}}}").as_bytes());
+    let first = slot(home);
+    let seats = contents.seats.pairs(home).map(|(show, _)| show);
+    let pools = contents.pools.iter().map(|p| &p.show);
+    if seats.chain(pools).all(|show| slot(show) == first) {
+        return Ok(());
+    }
+    metrics::counter!(m::CROSS_SLOT_REJECTIONS).increment(1);
+    let mut detail: Vec<SeatSlot> = contents
+        .seats
+        .pairs(home)
+        .map(|(show, seat)| SeatSlot {
+            show: show.clone(),
+            seat: Some(seat.clone()),
+            pool: None,
+            slot: slot(show),
+        })
+        .collect();
+    detail.extend(contents.pools.iter().map(|p| SeatSlot {
+        show: p.show.clone(),
+        seat: None,
+        pool: Some(p.pool.clone()),
+        slot: slot(&p.show),
+    }));
+    Err(Error::CrossSlot(detail))
+}
