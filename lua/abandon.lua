@@ -1,4 +1,4 @@
--- abandon.lua: make sure a hold answered 503 leaves nothing held.
+-- abandon.lua: make sure a hold left without an answer leaves nothing held.
 --
 -- KEYS[1]          hold record of the abandoned token
 -- KEYS[2 .. #KEYS] the hold's seat keys
@@ -6,7 +6,7 @@
 -- ARGV[2]          the hold's TTL in milliseconds
 --
 -- The hold's request timed out or lost its connection after its script was
--- sent, and no Idempotency-Key lets the client find it again: the daemon
+-- sent (or its client went away before the answer), and no Idempotency-Key lets the client find it again: the daemon
 -- runs this until it succeeds. If hold.lua ran, its seats are released
 -- (token-checked, as release.lua does). If it has not run yet (a script can
 -- still wait in a paused or slow master's queue), a tombstone takes the

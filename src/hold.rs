@@ -226,6 +226,18 @@ impl Service {
 
         let encoded = seats.encode(home);
         let fences = shows.len();
+        // Without a key, no one can find this hold again unless its answer
+        // arrives: abandon it when the script may have run but the request
+        // ends without that answer, by a 503 or by being dropped (the client
+        // closed its connection first).
+        let mut in_flight = HoldInFlight {
+            service: self,
+            token: &token,
+            record: &key_list[0],
+            seats: &seat_keys,
+            ttl_ms: ttl,
+            armed: idem.is_none(),
+        };
         let reply: Result<Vec<Value>, Error> = self
             .cluster
             .eval(deadline, &self.cluster.scripts().hold, &key_list, |c| {
@@ -238,17 +250,9 @@ impl Service {
                     .arg(self.limits.idempotency_ttl_ms);
             })
             .await;
-        let reply = match reply {
-            Ok(reply) => reply,
-            Err(err) => {
-                if idem.is_none() && may_have_run(&err) {
-                    let mut keys = vec![key_list.swap_remove(0)];
-                    keys.extend(seat_keys);
-                    self.abandon_later(token, keys, ttl);
-                }
-                return Err(err);
-            }
-        };
+        in_flight.armed &= reply.as_ref().is_err_and(may_have_run);
+        drop(in_flight);
+        let reply = reply?;
         if let (Some(recorded), Some(idem)) = (replay_of(&reply), idem) {
             let recorded = Recorded::parse(&recorded, idem)?;
             return self.replay_hold(deadline, home, seats, &recorded).await;
@@ -303,12 +307,20 @@ impl Service {
     }
 
     /// Releases (or forestalls) in the background the hold `token` whose
-    /// request was answered 503 after its script may have reached Redis,
-    /// until that succeeds or the hold would have expired anyway. `keys` are
-    /// the record's and the seats'.
+    /// request ended without an answer (503, or dropped with its client)
+    /// after its script may have reached Redis, until that succeeds or the
+    /// hold would have expired anyway. `keys` are the record's and the
+    /// seats'.
     fn abandon_later(&self, token: HoldToken, keys: Vec<String>, ttl_ms: u64) {
+        // Called from a drop, which can happen outside a runtime (at exit).
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                "no runtime to abandon a hold left without an answer; it expires by itself"
+            );
+            return;
+        };
         let cluster = Arc::clone(&self.cluster);
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             let give_up = std::time::Instant::now() + std::time::Duration::from_millis(ttl_ms);
             let mut backoff = std::time::Duration::from_millis(50);
             loop {
@@ -322,11 +334,11 @@ impl Service {
                 match done {
                     Ok(released) => {
                         count(m::ORPHAN_RELEASES, 1);
-                        tracing::info!(released = released == 1, "abandoned a hold answered 503");
+                        tracing::info!(released = released == 1, "abandoned a hold left without an answer");
                         return;
                     }
                     Err(err) if std::time::Instant::now() >= give_up => {
-                        tracing::warn!(error = %err, "gave up abandoning a hold answered 503; it expires by itself");
+                        tracing::warn!(error = %err, "gave up abandoning a hold left without an answer; it expires by itself");
                         return;
                     }
                     Err(_) => {
@@ -653,6 +665,32 @@ impl Service {
             .chunks_exact(2)
             .map(|c| State::from_reply(c[0], c[1]))
             .collect())
+    }
+}
+
+/// A hold script in flight for a request without an `Idempotency-Key`.
+/// Dropped while armed (the request failed after its script may have run,
+/// or the request itself was dropped because its client went away), it has
+/// the hold abandoned in the background: no one else will ever learn its
+/// token.
+struct HoldInFlight<'a> {
+    service: &'a Service,
+    token: &'a HoldToken,
+    record: &'a str,
+    seats: &'a [String],
+    ttl_ms: u64,
+    armed: bool,
+}
+
+impl Drop for HoldInFlight<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut keys = Vec::with_capacity(1 + self.seats.len());
+            keys.push(self.record.to_owned());
+            keys.extend(self.seats.iter().cloned());
+            self.service
+                .abandon_later(self.token.clone(), keys, self.ttl_ms);
+        }
     }
 }
 

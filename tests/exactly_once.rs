@@ -570,6 +570,57 @@ async fn hold_run_late_after_its_503_with_key_is_replayed_to_the_retry() {
     assert_the_very_hold(&s, &sh, "B1", &retry.body).await;
 }
 
+/// A client that gives up first (its own timeout, shorter than the
+/// daemon's) and closes the connection while its hold waits on a frozen
+/// master never learns the token either: the hold must not stay behind
+/// when the script runs after all.
+#[tokio::test]
+async fn hold_whose_client_gave_up_leaves_no_seat_held() {
+    let _x = EXCLUSIVE.write().await;
+    let s = server_with(fast()).await;
+    let sh = show("gave-up");
+    s.hold(&sh, &["warm"]).await;
+    let master = master_of(&sh).await;
+    cluster().pause(master).expect("SIGSTOP the master");
+    struct Thaw(u16);
+    impl Drop for Thaw {
+        fn drop(&mut self) {
+            let _ = cluster().resume(self.0);
+        }
+    }
+    let orphans = s.metric("seathold_orphan_releases_total").await;
+    let thaw = Thaw(master);
+    let frozen = Instant::now();
+    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+    conn.write_all(
+        format!(
+            "POST /v1/shows/{sh}/seats/A1/hold HTTP/1.1\r\nHost: seathold\r\n\
+             Content-Length: 0\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("send the hold");
+    // The client's own timeout, before the daemon's.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(conn);
+    sleep_until(frozen + Duration::from_millis(1_200)).await;
+    drop(thaw);
+    s.wait_metric(
+        "seathold_orphan_releases_total",
+        orphans + 1.0,
+        Duration::from_secs(5),
+    )
+    .await;
+    common::eventually(Duration::from_secs(5), "the seat to be free", || {
+        let (s, sh) = (&s, &sh);
+        async move { seat_state(s, sh, "A1").await["state"] == "free" }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(get_opt(&keys().seat(&sh, "A1")).await, None);
+}
+
 // ---------------------------------------------------------------------
 // 2. Idempotency keys.
 // ---------------------------------------------------------------------
