@@ -857,6 +857,53 @@ async fn key_reuse_is_422_and_invalid_keys_are_400() {
     assert_eq!(r.status, 201, "{r:?}");
 }
 
+/// Failures are not recorded: a hold refused 409 under a key runs again
+/// when retried with that key, and gets the seat once it is free.
+#[tokio::test]
+async fn failures_are_not_recorded() {
+    let _r = EXCLUSIVE.read().await;
+    let s = server_with(options()).await;
+    let sh = show("failure");
+    let alice = s.hold(&sh, &["F1"]).await;
+    let key = idem_key("failure");
+    let path = format!("/v1/shows/{sh}/holds");
+    let body = json!({"seats": ["F2", "F1"]});
+    let refused = send(&s, "POST", &path, Some(body.clone()), Some(&key)).await;
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.body["error"], "seats_taken");
+    assert_eq!(get_opt(&keys().idempotency(&sh, &key)).await, None);
+    let again = send(&s, "POST", &path, Some(body.clone()), Some(&key)).await;
+    assert_eq!((again.status, again.replayed), (409, false), "{again:?}");
+
+    let gone = send(
+        &s,
+        "DELETE",
+        &format!("/v1/shows/{sh}/holds/{}", token_of(&alice)),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(gone.status, 204);
+    let granted = send(&s, "POST", &path, Some(body.clone()), Some(&key)).await;
+    assert_eq!(
+        (granted.status, granted.replayed),
+        (201, false),
+        "{granted:?}"
+    );
+    let replay = send(&s, "POST", &path, Some(body), Some(&key)).await;
+    assert_eq!((replay.status, replay.replayed), (201, true), "{replay:?}");
+    assert_eq!(replay.body["holdToken"], granted.body["holdToken"]);
+
+    // A 404 under a key is not recorded either.
+    let ghost = format!("/v1/shows/{sh}/holds/{}", uuid::Uuid::new_v4());
+    let rkey = idem_key("failure-404");
+    for _ in 0..2 {
+        let r = send(&s, "DELETE", &ghost, None, Some(&rkey)).await;
+        assert_eq!((r.status, r.replayed), (404, false), "{r:?}");
+    }
+    assert_eq!(get_opt(&keys().idempotency(&sh, &rkey)).await, None);
+}
+
 /// Two daemons on one cluster share the records: the second answers the
 /// first one's outcome, and refuses another request under the key.
 #[tokio::test]
