@@ -621,6 +621,106 @@ async fn hold_whose_client_gave_up_leaves_no_seat_held() {
     assert_eq!(get_opt(&keys().seat(&sh, "A1")).await, None);
 }
 
+/// Runs hold.lua for one seat of `show` as the daemon does, without a key.
+async fn run_hold_script(show: &str, seat: &str, token: &str, ttl_ms: u64) -> Vec<i64> {
+    let ks = keys();
+    let script_keys = vec![
+        ks.hold_record(show, token),
+        ks.fence(show),
+        ks.seat(show, seat),
+    ];
+    let mut conn = common::redis().await;
+    Scripts::embedded()
+        .hold
+        .run(&mut conn, &script_keys, |c| {
+            c.arg(token)
+                .arg(ttl_ms)
+                .arg(1)
+                .arg("s")
+                .arg(format!("{show}/{seat}"))
+                .arg("")
+                .arg(86_400_000);
+        })
+        .await
+        .expect("hold.lua")
+}
+
+/// Runs abandon.lua for a one-seat hold.
+async fn run_abandon_script(show: &str, seat: &str, token: &str, ttl_ms: u64) -> i64 {
+    let ks = keys();
+    let script_keys = vec![ks.hold_record(show, token), ks.seat(show, seat)];
+    let mut conn = common::redis().await;
+    Scripts::embedded()
+        .abandon
+        .run(&mut conn, &script_keys, |c| {
+            c.arg(token).arg(ttl_ms);
+        })
+        .await
+        .expect("abandon.lua")
+}
+
+/// An abandoned hold never comes back, whichever arrives first: abandon.lua
+/// before hold.lua (the script still queued) leaves a tombstone that makes
+/// hold.lua write nothing; abandon.lua after hold.lua releases the seat, and
+/// a late resend of the same hold.lua (the daemon resends a script whose
+/// connection broke) does not take it again. Another holder's seat is never
+/// touched.
+#[tokio::test]
+async fn abandoned_hold_never_comes_back() {
+    let _r = EXCLUSIVE.read().await;
+    let sh = show("abandon");
+    let ks = keys();
+    let fence_before = get_opt(&ks.fence(&sh)).await;
+
+    // Abandon first, the hold's script arrives afterwards.
+    let t1 = uuid::Uuid::new_v4().to_string();
+    assert_eq!(run_abandon_script(&sh, "A1", &t1, 60_000).await, 0);
+    assert_eq!(
+        get_opt(&ks.hold_record(&sh, &t1)).await.as_deref(),
+        Some("abandoned")
+    );
+    let ttl = pttl(&ks.hold_record(&sh, &t1)).await;
+    assert!(
+        ttl > 0 && ttl <= 60_000,
+        "the tombstone lives as long as the hold would: {ttl}"
+    );
+    assert_eq!(run_hold_script(&sh, "A1", &t1, 60_000).await, vec![-4]);
+    assert_eq!(get_opt(&ks.seat(&sh, "A1")).await, None, "nothing held");
+    assert_eq!(
+        get_opt(&ks.fence(&sh)).await,
+        fence_before,
+        "no fence spent"
+    );
+
+    // The hold ran, then was abandoned, then its script came again.
+    let t2 = uuid::Uuid::new_v4().to_string();
+    let ran = run_hold_script(&sh, "A2", &t2, 60_000).await;
+    assert_eq!(ran[0], 1, "{ran:?}");
+    assert_eq!(run_abandon_script(&sh, "A2", &t2, 60_000).await, 1);
+    assert_eq!(get_opt(&ks.seat(&sh, "A2")).await, None, "released");
+    let again = run_hold_script(&sh, "A2", &t2, 60_000).await;
+    assert_eq!(
+        get_opt(&ks.seat(&sh, "A2")).await,
+        None,
+        "a late resend of the abandoned hold took the seat again: {again:?}"
+    );
+    assert_eq!(again, vec![-4]);
+    // Abandoning again changes nothing.
+    assert_eq!(run_abandon_script(&sh, "A2", &t2, 60_000).await, 0);
+
+    // Someone else's seat is left alone.
+    let t3 = uuid::Uuid::new_v4().to_string();
+    assert_eq!(run_hold_script(&sh, "A3", &t3, 60_000).await[0], 1);
+    let bob = uuid::Uuid::new_v4().to_string();
+    let mut r = common::redis().await;
+    let () = r
+        .set(ks.seat(&sh, "A3"), &bob)
+        .await
+        .expect("Bob holds A3 now");
+    assert_eq!(run_abandon_script(&sh, "A3", &t3, 60_000).await, 1);
+    assert_eq!(get_opt(&ks.seat(&sh, "A3")).await, Some(bob));
+}
+
 // ---------------------------------------------------------------------
 // 2. Idempotency keys.
 // ---------------------------------------------------------------------
