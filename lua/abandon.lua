@@ -1,4 +1,4 @@
--- abandon.lua: make sure a hold answered 503 leaves nothing held.
+-- abandon.lua: make sure a hold left without an answer leaves nothing held.
 --
 -- KEYS[1]            hold record of the abandoned token
 -- KEYS[2 .. 1+S]     the hold's seat keys
@@ -14,15 +14,16 @@
 -- then E items of show i ("E7 @floor=2"), P quantities, H units of show h
 --
 -- The hold's request timed out or lost its connection after its script was
--- sent, and no Idempotency-Key lets the client find it again: the daemon
--- runs this until it succeeds. If hold.lua ran, its seats are released
+-- sent (or its client went away before the answer), and no Idempotency-Key
+-- lets the client find it again: the daemon runs this until it succeeds. If hold.lua ran, its seats are released
 -- (token-checked, as release.lua does, with a `released` event). If it has
 -- not run yet (a script can still wait in a paused or slow master's queue),
 -- a tombstone takes the record's key for the hold's TTL, so that hold.lua,
 -- finding its record key taken, writes nothing.
 --
--- Returns 1 when seats were released, 0 when the tombstone was left (or
--- already was).
+-- Either way the record's key is left as the tombstone for the hold's TTL,
+-- so the hold cannot come back. Returns 1 when seats were released, 0 when
+-- only the tombstone was left (or already was).
 local E, P, H = tonumber(ARGV[3]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local last = #KEYS - 2 * (E + P + H)
 local pk, hk = last + 1, last + 1 + 2 * P
@@ -42,7 +43,10 @@ for i = 2, last do
     redis.call('DEL', KEYS[i])
   end
 end
-redis.call('DEL', KEYS[1])
+-- The record becomes the tombstone: a resend of this hold's script that
+-- arrives late (the daemon resends a script whose connection broke) finds
+-- its record key taken and writes nothing.
+redis.call('SET', KEYS[1], 'abandoned', 'PX', ARGV[2])
 local fence = string.match(record, '^(%d+) ') or '0'
 for j = 1, P do
   local q = ARGV[qa + j - 1]

@@ -1,0 +1,1649 @@
+//! Exactly once under retries and timeouts (API 1.1), against a real Redis
+//! Cluster: idempotency keys and their replays, no orphan holds after a 503,
+//! resends of a release that answer 204, fences that never repeat, even
+//! across a failover that loses writes.
+//!
+//! One cluster for the binary. Tests that disturb it (pauses, kill -9) or
+//! that measure what a master did (`INFO commandstats`) take `EXCLUSIVE`
+//! for writing; every other test takes it for reading, so they run side by
+//! side but never during a disturbance.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{cluster, options, server_with, show, TestServer};
+use redis::{AsyncCommands, Value as RValue};
+use seathold::config::Options;
+use seathold::idempotency::{Idem, IdemKey};
+use seathold::keys::KeySpace;
+use seathold::scripts::Scripts;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::RwLock;
+
+static EXCLUSIVE: RwLock<()> = RwLock::const_new(());
+
+/// 2^53: the first integer JavaScript cannot tell from its neighbour.
+const JS_SAFE: i64 = 1 << 53;
+
+fn keys() -> KeySpace {
+    KeySpace::new("seat-hold:")
+}
+
+/// Options with a short Redis deadline, so that a pause outlives it.
+fn fast() -> Options {
+    Options {
+        redis_timeout_ms: 500,
+        confirm_wait_timeout_ms: 300,
+        ..options()
+    }
+}
+
+/// The port of the master serving `show`'s slot now.
+async fn master_of(show: &str) -> u16 {
+    cluster()
+        .master_port_for_slot(keys().show_slot(show))
+        .await
+        .expect("master of the show's slot")
+}
+
+/// An HTTP answer: status, whether it says `Idempotent-Replayed: true`, and
+/// the JSON body (Null when empty).
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    replayed: bool,
+    body: Value,
+}
+
+/// Sends `method path` with an optional JSON body and `Idempotency-Key`.
+async fn send(
+    s: &TestServer,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+    key: Option<&str>,
+) -> Reply {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+    let mut req = s.http.request(method, format!("{}{}", s.base, path));
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    if let Some(key) = key {
+        req = req.header("Idempotency-Key", key);
+    }
+    let resp = req.send().await.expect("request");
+    let status = resp.status().as_u16();
+    let replayed = match resp.headers().get("idempotent-replayed") {
+        None => false,
+        Some(v) => {
+            assert_eq!(v, "true", "Idempotent-Replayed is only ever true");
+            true
+        }
+    };
+    let bytes = resp.bytes().await.expect("body");
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).expect("a JSON body")
+    };
+    Reply {
+        status,
+        replayed,
+        body,
+    }
+}
+
+fn token_of(hold: &Value) -> String {
+    hold["holdToken"].as_str().expect("holdToken").to_owned()
+}
+
+fn fence_of(hold: &Value) -> i64 {
+    hold["fence"].as_i64().expect("fence")
+}
+
+/// A unique idempotency key.
+fn idem_key(tag: &str) -> String {
+    format!("{tag}:{}", uuid::Uuid::new_v4().simple())
+}
+
+async fn get_opt(key: &str) -> Option<String> {
+    let mut r = common::redis().await;
+    r.get(key).await.expect("GET")
+}
+
+async fn pttl(key: &str) -> i64 {
+    let mut r = common::redis().await;
+    r.pttl(key).await.expect("PTTL")
+}
+
+/// The fence written in the hold record of `token` (`<fence> <created> …`).
+async fn record_fence(show: &str, token: &str) -> Option<i64> {
+    let record = get_opt(&keys().hold_record(show, token)).await?;
+    record.split(' ').next()?.parse().ok()
+}
+
+/// `INFO <section>` of one node as name -> value.
+async fn info(port: u16, section: &str) -> BTreeMap<String, String> {
+    let mut c = common::node(port).await;
+    let text: String = redis::cmd("INFO")
+        .arg(section)
+        .query_async(&mut c)
+        .await
+        .expect("INFO");
+    text.lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+/// Calls per command on one node (`INFO commandstats`).
+async fn calls(port: u16) -> BTreeMap<String, u64> {
+    info(port, "commandstats")
+        .await
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let name = k.strip_prefix("cmdstat_")?.to_owned();
+            let n = v
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse()
+                .ok()?;
+            Some((name, n))
+        })
+        .collect()
+}
+
+/// Redis's clock on one node, in ms.
+async fn redis_ms(port: u16) -> i64 {
+    let mut c = common::node(port).await;
+    let (s, us): (i64, i64) = redis::cmd("TIME").query_async(&mut c).await.expect("TIME");
+    s * 1000 + us / 1000
+}
+
+async fn seat_state(s: &TestServer, show: &str, seat: &str) -> Value {
+    let (status, body) = s.get(&format!("/v1/shows/{show}/seats/{seat}")).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// `CLIENT PAUSE ms WRITE` on a node.
+async fn pause_writes(port: u16, ms: u64) {
+    let mut c = common::node(port).await;
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(ms)
+        .arg("WRITE")
+        .query_async(&mut c)
+        .await
+        .expect("CLIENT PAUSE");
+}
+
+/// A TCP proxy for one upstream. While `lose` is set, the next reply that
+/// comes back from upstream is swallowed and the client's connection is
+/// closed instead: the request took effect, its answer was lost.
+struct Proxy {
+    port: u16,
+    lose: Arc<AtomicBool>,
+    lost: Arc<tokio::sync::Notify>,
+}
+
+impl Proxy {
+    async fn start(upstream: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let port = listener.local_addr().expect("addr").port();
+        let lose = Arc::new(AtomicBool::new(false));
+        let lost = Arc::new(tokio::sync::Notify::new());
+        let (lose2, lost2) = (Arc::clone(&lose), Arc::clone(&lost));
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+                    continue;
+                };
+                let (lose, lost) = (Arc::clone(&lose2), Arc::clone(&lost2));
+                tokio::spawn(async move {
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                    });
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match sr.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if lose.swap(false, Ordering::SeqCst) {
+                            // Drop both sides: the reply never arrives.
+                            lost.notify_one();
+                            break;
+                        }
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                    up.abort();
+                });
+            }
+        });
+        Self { port, lose, lost }
+    }
+
+    /// A Redis connection through the proxy.
+    async fn redis(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(format!("redis://127.0.0.1:{}", self.port))
+            .expect("client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connection through the proxy")
+    }
+
+    /// The next reply is lost.
+    fn lose_next_reply(&self) {
+        self.lose.store(true, Ordering::SeqCst);
+    }
+}
+
+// ---------------------------------------------------------------------
+// 1. A hold answered 503 while its master pauses writes.
+// ---------------------------------------------------------------------
+
+/// Pauses writes on `show`'s master for `pause_ms` and sends a one-seat
+/// hold meanwhile; answers the reply and when the pause ends.
+async fn hold_during_pause(
+    s: &TestServer,
+    show: &str,
+    seat: &str,
+    key: Option<&str>,
+    pause_ms: u64,
+) -> (Reply, Instant) {
+    let master = master_of(show).await;
+    pause_writes(master, pause_ms).await;
+    let paused_until = Instant::now() + Duration::from_millis(pause_ms);
+    let started = Instant::now();
+    let reply = send(
+        s,
+        "POST",
+        &format!("/v1/shows/{show}/seats/{seat}/hold"),
+        None,
+        key,
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(reply.status, 503, "{reply:?}");
+    assert_eq!(reply.body["error"], "redis_unavailable", "{reply:?}");
+    assert!(
+        took < Duration::from_millis(1_500),
+        "the Redis deadline (500 ms) bounds the request: it took {took:?}"
+    );
+    assert!(
+        Instant::now() < paused_until,
+        "the 503 came while the master was still paused"
+    );
+    (reply, paused_until)
+}
+
+async fn sleep_until(at: Instant) {
+    tokio::time::sleep_until(at.into()).await;
+}
+
+/// Without an Idempotency-Key, a hold answered 503 leaves no seat held: the
+/// daemon releases (or forestalls) it in the background once Redis answers
+/// again, counts it, and a retry gets the seat.
+#[tokio::test]
+async fn hold_answered_503_without_key_leaves_no_seat_held() {
+    let _x = EXCLUSIVE.write().await;
+    let s = server_with(fast()).await;
+    let sh = show("orphan");
+    // Connections and the slot map are in place before the pause.
+    s.hold(&sh, &["warm"]).await;
+    let orphans = s.metric("seathold_orphan_releases_total").await;
+
+    let (_, paused_until) = hold_during_pause(&s, &sh, "A1", None, 2_500).await;
+    sleep_until(paused_until).await;
+    let resumed = Instant::now();
+    s.wait_metric(
+        "seathold_orphan_releases_total",
+        orphans + 1.0,
+        Duration::from_secs(5),
+    )
+    .await;
+    common::eventually(Duration::from_secs(5), "the seat to be free again", || {
+        let s = &s;
+        let sh = &sh;
+        async move { seat_state(s, sh, "A1").await["state"] == "free" }
+    })
+    .await;
+    eprintln!(
+        "orphan: free again {:?} after the pause ended",
+        resumed.elapsed()
+    );
+    assert_eq!(
+        get_opt(&keys().seat(&sh, "A1")).await,
+        None,
+        "no seat key left in Redis"
+    );
+    // Still free a little later: the abandoned script cannot take it late.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(seat_state(&s, &sh, "A1").await["state"], "free");
+    let retry = send(
+        &s,
+        "POST",
+        &format!("/v1/shows/{sh}/seats/A1/hold"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert!(!retry.replayed);
+    assert_eq!(
+        get_opt(&keys().seat(&sh, "A1")).await.as_deref(),
+        Some(token_of(&retry.body).as_str())
+    );
+}
+
+/// With an Idempotency-Key nothing is abandoned, and the retry with the
+/// same key answers the hold Redis has. Under `CLIENT PAUSE` Redis drops
+/// the paused script of a connection that closes, and the daemon closes the
+/// connection of a script that timed out: so the first attempt usually
+/// never ran and the retry is a first run; were it to run, the retry is its
+/// replay. Either way exactly one hold, and the answer is that hold.
+#[tokio::test]
+async fn hold_answered_503_with_key_under_client_pause_is_found_by_the_retry() {
+    let _x = EXCLUSIVE.write().await;
+    let s = server_with(fast()).await;
+    let sh = show("orphan-key");
+    s.hold(&sh, &["warm"]).await;
+    let orphans = s.metric("seathold_orphan_releases_total").await;
+    let key = idem_key("pause");
+
+    let (_, paused_until) = hold_during_pause(&s, &sh, "B1", Some(&key), 2_500).await;
+    sleep_until(paused_until).await;
+    // Time for an abandon to happen, would the daemon start one.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        s.metric("seathold_orphan_releases_total").await,
+        orphans,
+        "nothing abandoned when the request carried a key"
+    );
+    let recorded = get_opt(&keys().idempotency(&sh, &key)).await;
+    let in_redis = get_opt(&keys().seat(&sh, "B1")).await;
+    assert_eq!(
+        recorded.is_some(),
+        in_redis.is_some(),
+        "a hold exists exactly when its outcome is recorded: {recorded:?} {in_redis:?}"
+    );
+    eprintln!(
+        "client pause: the first attempt {} once the pause ended",
+        if recorded.is_some() {
+            "ran"
+        } else {
+            "never ran"
+        }
+    );
+    let retry = send(
+        &s,
+        "POST",
+        &format!("/v1/shows/{sh}/seats/B1/hold"),
+        None,
+        Some(&key),
+    )
+    .await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert_eq!(retry.replayed, recorded.is_some(), "{retry:?}");
+    let token = token_of(&retry.body);
+    if let Some(first) = &in_redis {
+        assert_eq!(first, &token, "the retry answers the first attempt's hold");
+    }
+    assert_the_very_hold(&s, &sh, "B1", &retry.body).await;
+    // A second retry is a replay of that one hold.
+    let again = send(
+        &s,
+        "POST",
+        &format!("/v1/shows/{sh}/seats/B1/hold"),
+        None,
+        Some(&key),
+    )
+    .await;
+    assert_eq!((again.status, again.replayed), (201, true), "{again:?}");
+    assert_eq!(again.body["holdToken"], retry.body["holdToken"]);
+    assert_eq!(again.body["fence"], retry.body["fence"]);
+}
+
+/// The answer is the hold Redis has: the seat carries its token, the
+/// record its fence, and its remaining time is current.
+async fn assert_the_very_hold(s: &TestServer, show: &str, seat: &str, hold: &Value) {
+    let token = token_of(hold);
+    assert_eq!(
+        get_opt(&keys().seat(show, seat)).await.as_deref(),
+        Some(token.as_str()),
+        "the seat in Redis carries the answered token"
+    );
+    assert_eq!(
+        record_fence(show, &token).await,
+        Some(fence_of(hold)),
+        "the fence of the hold record"
+    );
+    let expires = hold["expiresInMs"].as_i64().expect("expiresInMs");
+    let ttl = pttl(&keys().seat(show, seat)).await;
+    assert!(
+        expires >= ttl && expires - ttl < 2_000 && expires <= 300_000,
+        "current remaining time: answered {expires}, Redis {ttl}"
+    );
+    assert_eq!(seat_state(s, show, seat).await["state"], "held");
+}
+
+/// SIGSTOPs `show`'s master for `freeze_ms` (under the node timeout, so no
+/// failover) and sends a one-seat hold meanwhile: the daemon answers 503 and
+/// closes the connection, but the script is already in the master's socket
+/// buffer and runs when the master wakes, after the 503. Answers the reply
+/// and the moment the master resumed.
+async fn hold_while_master_frozen(
+    s: &TestServer,
+    show: &str,
+    seat: &str,
+    key: Option<&str>,
+    freeze_ms: u64,
+) -> (Reply, Instant) {
+    struct Thaw(u16);
+    impl Drop for Thaw {
+        fn drop(&mut self) {
+            let _ = cluster().resume(self.0);
+        }
+    }
+    let master = master_of(show).await;
+    cluster().pause(master).expect("SIGSTOP the master");
+    let thaw = Thaw(master);
+    let frozen = Instant::now();
+    let reply = send(
+        s,
+        "POST",
+        &format!("/v1/shows/{show}/seats/{seat}/hold"),
+        None,
+        key,
+    )
+    .await;
+    assert_eq!(reply.status, 503, "{reply:?}");
+    assert_eq!(reply.body["error"], "redis_unavailable", "{reply:?}");
+    assert!(
+        frozen.elapsed() < Duration::from_millis(freeze_ms),
+        "the 503 came while the master was frozen"
+    );
+    sleep_until(frozen + Duration::from_millis(freeze_ms)).await;
+    drop(thaw);
+    (reply, Instant::now())
+}
+
+/// A hold without a key whose script ran late, after its 503: the daemon
+/// releases it in the background (or had forestalled it with a tombstone),
+/// counts it, and the seat is free again within seconds.
+#[tokio::test]
+async fn hold_run_late_after_its_503_without_key_is_released() {
+    let _x = EXCLUSIVE.write().await;
+    let s = server_with(fast()).await;
+    let sh = show("late");
+    let warm = s.hold(&sh, &["warm"]).await;
+    let orphans = s.metric("seathold_orphan_releases_total").await;
+
+    let (_, resumed) = hold_while_master_frozen(&s, &sh, "A1", None, 1_200).await;
+    s.wait_metric(
+        "seathold_orphan_releases_total",
+        orphans + 1.0,
+        Duration::from_secs(5),
+    )
+    .await;
+    common::eventually(Duration::from_secs(5), "the seat to be free again", || {
+        let (s, sh) = (&s, &sh);
+        async move { seat_state(s, sh, "A1").await["state"] == "free" }
+    })
+    .await;
+    let ran = get_opt(&keys().fence(&sh))
+        .await
+        .and_then(|f| f.parse::<i64>().ok())
+        != Some(fence_of(&warm));
+    eprintln!(
+        "late hold: free again {:?} after the master woke; the late script {}",
+        resumed.elapsed(),
+        if ran {
+            "ran and was released"
+        } else {
+            "was forestalled"
+        }
+    );
+    assert_eq!(get_opt(&keys().seat(&sh, "A1")).await, None);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(seat_state(&s, &sh, "A1").await["state"], "free");
+    let retry = send(
+        &s,
+        "POST",
+        &format!("/v1/shows/{sh}/seats/A1/hold"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!((retry.status, retry.replayed), (201, false), "{retry:?}");
+}
+
+/// A hold with a key whose script ran late, after its 503: nothing is
+/// abandoned, and the retry with the same key answers that very hold,
+/// marked as replayed.
+#[tokio::test]
+async fn hold_run_late_after_its_503_with_key_is_replayed_to_the_retry() {
+    let _x = EXCLUSIVE.write().await;
+    let s = server_with(fast()).await;
+    let sh = show("late-key");
+    s.hold(&sh, &["warm"]).await;
+    let orphans = s.metric("seathold_orphan_releases_total").await;
+    let key = idem_key("late");
+
+    let _ = hold_while_master_frozen(&s, &sh, "B1", Some(&key), 1_200).await;
+    common::eventually(
+        Duration::from_secs(5),
+        "the late script to record its outcome",
+        || async { get_opt(&keys().idempotency(&sh, &key)).await.is_some() },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(
+        s.metric("seathold_orphan_releases_total").await,
+        orphans,
+        "nothing abandoned when the request carried a key"
+    );
+    let first = get_opt(&keys().seat(&sh, "B1"))
+        .await
+        .expect("the late hold holds the seat");
+    let retry = send(
+        &s,
+        "POST",
+        &format!("/v1/shows/{sh}/seats/B1/hold"),
+        None,
+        Some(&key),
+    )
+    .await;
+    assert_eq!((retry.status, retry.replayed), (201, true), "{retry:?}");
+    assert_eq!(token_of(&retry.body), first, "the very hold Redis has");
+    assert_the_very_hold(&s, &sh, "B1", &retry.body).await;
+}
+
+/// A client that gives up first (its own timeout, shorter than the
+/// daemon's) and closes the connection while its hold waits on a frozen
+/// master never learns the token either: the hold must not stay behind
+/// when the script runs after all.
+#[tokio::test]
+async fn hold_whose_client_gave_up_leaves_no_seat_held() {
+    let _x = EXCLUSIVE.write().await;
+    let s = server_with(fast()).await;
+    let sh = show("gave-up");
+    s.hold(&sh, &["warm"]).await;
+    let master = master_of(&sh).await;
+    cluster().pause(master).expect("SIGSTOP the master");
+    struct Thaw(u16);
+    impl Drop for Thaw {
+        fn drop(&mut self) {
+            let _ = cluster().resume(self.0);
+        }
+    }
+    let orphans = s.metric("seathold_orphan_releases_total").await;
+    let thaw = Thaw(master);
+    let frozen = Instant::now();
+    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+    conn.write_all(
+        format!(
+            "POST /v1/shows/{sh}/seats/A1/hold HTTP/1.1\r\nHost: seathold\r\n\
+             Content-Length: 0\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("send the hold");
+    // The client's own timeout, before the daemon's.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(conn);
+    sleep_until(frozen + Duration::from_millis(1_200)).await;
+    drop(thaw);
+    s.wait_metric(
+        "seathold_orphan_releases_total",
+        orphans + 1.0,
+        Duration::from_secs(5),
+    )
+    .await;
+    common::eventually(Duration::from_secs(5), "the seat to be free", || {
+        let (s, sh) = (&s, &sh);
+        async move { seat_state(s, sh, "A1").await["state"] == "free" }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(get_opt(&keys().seat(&sh, "A1")).await, None);
+}
+
+/// Runs hold.lua for one seat of `show` as the daemon does, without a key.
+async fn run_hold_script(show: &str, seat: &str, token: &str, ttl_ms: u64) -> Vec<i64> {
+    let ks = keys();
+    let script_keys = vec![
+        ks.hold_record(show, token),
+        ks.fence(show),
+        ks.seat(show, seat),
+    ];
+    let mut conn = common::redis().await;
+    Scripts::embedded()
+        .hold
+        .run(&mut conn, &script_keys, |c| {
+            c.arg(token)
+                .arg(ttl_ms)
+                .arg(1)
+                .arg("s")
+                .arg(format!("{show}/{seat}"))
+                .arg("")
+                .arg(86_400_000)
+                // Events off (E, cap, ref), one seat, no pools, no holder.
+                .arg(0)
+                .arg(0)
+                .arg("")
+                .arg(1)
+                .arg(0)
+                .arg(0)
+                .arg(0);
+        })
+        .await
+        .expect("hold.lua")
+}
+
+/// Runs abandon.lua for a one-seat hold.
+async fn run_abandon_script(show: &str, seat: &str, token: &str, ttl_ms: u64) -> i64 {
+    let ks = keys();
+    let script_keys = vec![ks.hold_record(show, token), ks.seat(show, seat)];
+    let mut conn = common::redis().await;
+    Scripts::embedded()
+        .abandon
+        .run(&mut conn, &script_keys, |c| {
+            // Events off (E, cap, ref), no pools (P), no holder (H).
+            c.arg(token).arg(ttl_ms).arg(0).arg(0).arg("").arg(0).arg(0);
+        })
+        .await
+        .expect("abandon.lua")
+}
+
+/// An abandoned hold never comes back, whichever arrives first: abandon.lua
+/// before hold.lua (the script still queued) leaves a tombstone that makes
+/// hold.lua write nothing; abandon.lua after hold.lua releases the seat, and
+/// a late resend of the same hold.lua (the daemon resends a script whose
+/// connection broke) does not take it again. Another holder's seat is never
+/// touched.
+#[tokio::test]
+async fn abandoned_hold_never_comes_back() {
+    let _r = EXCLUSIVE.read().await;
+    let sh = show("abandon");
+    let ks = keys();
+    let fence_before = get_opt(&ks.fence(&sh)).await;
+
+    // Abandon first, the hold's script arrives afterwards.
+    let t1 = uuid::Uuid::new_v4().to_string();
+    assert_eq!(run_abandon_script(&sh, "A1", &t1, 60_000).await, 0);
+    assert_eq!(
+        get_opt(&ks.hold_record(&sh, &t1)).await.as_deref(),
+        Some("abandoned")
+    );
+    let ttl = pttl(&ks.hold_record(&sh, &t1)).await;
+    assert!(
+        ttl > 0 && ttl <= 60_000,
+        "the tombstone lives as long as the hold would: {ttl}"
+    );
+    assert_eq!(run_hold_script(&sh, "A1", &t1, 60_000).await, vec![-4]);
+    assert_eq!(get_opt(&ks.seat(&sh, "A1")).await, None, "nothing held");
+    assert_eq!(
+        get_opt(&ks.fence(&sh)).await,
+        fence_before,
+        "no fence spent"
+    );
+
+    // The hold ran, then was abandoned, then its script came again.
+    let t2 = uuid::Uuid::new_v4().to_string();
+    let ran = run_hold_script(&sh, "A2", &t2, 60_000).await;
+    assert_eq!(ran[0], 1, "{ran:?}");
+    assert_eq!(run_abandon_script(&sh, "A2", &t2, 60_000).await, 1);
+    assert_eq!(get_opt(&ks.seat(&sh, "A2")).await, None, "released");
+    let again = run_hold_script(&sh, "A2", &t2, 60_000).await;
+    assert_eq!(
+        get_opt(&ks.seat(&sh, "A2")).await,
+        None,
+        "a late resend of the abandoned hold took the seat again: {again:?}"
+    );
+    assert_eq!(again, vec![-4]);
+    // Abandoning again changes nothing.
+    assert_eq!(run_abandon_script(&sh, "A2", &t2, 60_000).await, 0);
+
+    // Someone else's seat is left alone.
+    let t3 = uuid::Uuid::new_v4().to_string();
+    assert_eq!(run_hold_script(&sh, "A3", &t3, 60_000).await[0], 1);
+    let bob = uuid::Uuid::new_v4().to_string();
+    let mut r = common::redis().await;
+    let () = r
+        .set(ks.seat(&sh, "A3"), &bob)
+        .await
+        .expect("Bob holds A3 now");
+    assert_eq!(run_abandon_script(&sh, "A3", &t3, 60_000).await, 1);
+    assert_eq!(get_opt(&ks.seat(&sh, "A3")).await, Some(bob));
+}
+
+// ---------------------------------------------------------------------
+// 2. Idempotency keys.
+// ---------------------------------------------------------------------
+
+/// What the slot's master did: write commands, dirty changes, keys in the
+/// slot.
+#[derive(Debug, PartialEq)]
+struct Writes {
+    commands: BTreeMap<String, u64>,
+    dirty: String,
+    keys_in_slot: i64,
+}
+
+const WRITE_COMMANDS: &[&str] = &[
+    "set",
+    "del",
+    "unlink",
+    "pexpire",
+    "pexpireat",
+    "expire",
+    "incr",
+    "incrby",
+    "getdel",
+    "getex",
+    "hset",
+    "xadd",
+    "setex",
+    "psetex",
+    "rename",
+];
+
+async fn writes(port: u16, slot: u16) -> Writes {
+    let commands = calls(port)
+        .await
+        .into_iter()
+        .filter(|(k, _)| WRITE_COMMANDS.contains(&k.as_str()))
+        .collect();
+    let dirty = info(port, "persistence")
+        .await
+        .remove("rdb_changes_since_last_save")
+        .expect("rdb_changes_since_last_save");
+    let mut c = common::node(port).await;
+    let keys_in_slot: i64 = redis::cmd("CLUSTER")
+        .arg("COUNTKEYSINSLOT")
+        .arg(slot)
+        .query_async(&mut c)
+        .await
+        .expect("COUNTKEYSINSLOT");
+    Writes {
+        commands,
+        dirty,
+        keys_in_slot,
+    }
+}
+
+/// The same key with the same request answers the same hold again, marked,
+/// and writes nothing: no write command on the master, no key added, the
+/// seat's TTL not reset. Each replay is counted once.
+#[tokio::test]
+async fn hold_replay_answers_the_same_hold_and_writes_nothing() {
+    let _x = EXCLUSIVE.write().await;
+    let s = server_with(options()).await;
+    let sh = show("replay");
+    let (slot, master) = (keys().show_slot(&sh), master_of(&sh).await);
+    let key = idem_key("hold");
+    let path = format!("/v1/shows/{sh}/holds");
+    let body = json!({"seats": ["E7", "E8"], "ttlMs": 60000});
+
+    let first = send(&s, "POST", &path, Some(body.clone()), Some(&key)).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    assert!(!first.replayed, "a first run is no replay");
+    let seat_key = keys().seat(&sh, "E7");
+    let replays = s.metric("seathold_idempotent_replays_total").await;
+    let before = writes(master, slot).await;
+    let ttl_before = pttl(&seat_key).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // The same body, its keys in another order and other white space: the
+    // same request.
+    let reordered = json!({"ttlMs": 60000, "seats": ["E7", "E8"]});
+    for again_body in [body.clone(), reordered] {
+        let again = send(&s, "POST", &path, Some(again_body), Some(&key)).await;
+        assert_eq!(again.status, 201, "{again:?}");
+        assert!(again.replayed, "{again:?}");
+        for field in ["holdToken", "fence", "seats", "show"] {
+            assert_eq!(again.body[field], first.body[field], "{field}");
+        }
+        let (a, b) = (
+            first.body["expiresInMs"].as_i64().expect("expiresInMs"),
+            again.body["expiresInMs"].as_i64().expect("expiresInMs"),
+        );
+        assert!(
+            b < a && b > a - 5_000,
+            "the current remaining time: {b} after {a}"
+        );
+    }
+    let after = writes(master, slot).await;
+    assert_eq!(after, before, "a replay writes nothing");
+    let ttl_after = pttl(&seat_key).await;
+    assert!(
+        ttl_after < ttl_before - 50,
+        "the seat's TTL was not reset: {ttl_before} then {ttl_after}"
+    );
+    assert_eq!(
+        s.metric("seathold_idempotent_replays_total").await,
+        replays + 2.0,
+        "each replay counted once"
+    );
+    assert_eq!(
+        get_opt(&seat_key).await.as_deref(),
+        Some(token_of(&first.body).as_str())
+    );
+}
+
+/// The same key with another request is 422 and changes nothing; malformed
+/// keys are 400 before anything is written.
+#[tokio::test]
+async fn key_reuse_is_422_and_invalid_keys_are_400() {
+    let _r = EXCLUSIVE.read().await;
+    let s = server_with(options()).await;
+    let sh = show("reuse");
+    let key = idem_key("reuse");
+    let path = format!("/v1/shows/{sh}/holds");
+    let first = send(
+        &s,
+        "POST",
+        &path,
+        Some(json!({"seats": ["A1"]})),
+        Some(&key),
+    )
+    .await;
+    assert_eq!(first.status, 201, "{first:?}");
+
+    // Another body, another route of the same show, another method.
+    let token = token_of(&first.body);
+    for (method, p, body) in [
+        ("POST", path.clone(), Some(json!({"seats": ["A2"]}))),
+        (
+            "POST",
+            path.clone(),
+            Some(json!({"seats": ["A1"], "ttlMs": 1000})),
+        ),
+        ("POST", format!("/v1/shows/{sh}/seats/A3/hold"), None),
+        (
+            "POST",
+            format!("/v1/shows/{sh}/holds/{token}/extend"),
+            Some(json!({"ttlMs": 1000})),
+        ),
+        ("DELETE", format!("/v1/shows/{sh}/holds/{token}"), None),
+        (
+            "POST",
+            format!("/v1/shows/{sh}/holds/{token}/confirm"),
+            None,
+        ),
+    ] {
+        let r = send(&s, method, &p, body, Some(&key)).await;
+        assert_eq!(r.status, 422, "{method} {p}: {r:?}");
+        assert_eq!(r.body["error"], "idempotency_key_reused", "{r:?}");
+        assert!(r.body["message"].is_string());
+        assert!(!r.replayed);
+    }
+    for seat in ["A2", "A3"] {
+        assert_eq!(seat_state(&s, &sh, seat).await["state"], "free", "{seat}");
+    }
+    // The hold is untouched: not extended, released or confirmed.
+    let (status, read) = s.get(&format!("/v1/shows/{sh}/holds/{token}")).await;
+    assert_eq!(status, 200);
+    assert!(read["expiresInMs"].as_i64().expect("expiresInMs") > 200_000);
+
+    // The key is scoped to the home show: another show may use it.
+    let other = show("reuse-other");
+    let r = send(
+        &s,
+        "POST",
+        &format!("/v1/shows/{other}/holds"),
+        Some(json!({"seats": ["A2"]})),
+        Some(&key),
+    )
+    .await;
+    assert_eq!((r.status, r.replayed), (201, false), "{r:?}");
+
+    let long = "a".repeat(256);
+    let longest = "b".repeat(255);
+    for bad in ["a b", long.as_str(), "", "a/b", "~internal", "é"] {
+        for (method, p, body) in [
+            (
+                "POST",
+                format!("/v1/shows/{sh}/holds"),
+                Some(json!({"seats": ["C1"]})),
+            ),
+            ("POST", format!("/v1/shows/{sh}/seats/C1/hold"), None),
+            (
+                "POST",
+                format!("/v1/shows/{sh}/holds/{token}/extend"),
+                Some(json!({"ttlMs": 1000})),
+            ),
+            ("DELETE", format!("/v1/shows/{sh}/holds/{token}"), None),
+            (
+                "POST",
+                format!("/v1/shows/{sh}/holds/{token}/confirm"),
+                None,
+            ),
+        ] {
+            let mut req = s
+                .http
+                .request(method.parse().expect("method"), format!("{}{p}", s.base))
+                .header(
+                    "Idempotency-Key",
+                    reqwest::header::HeaderValue::from_bytes(bad.as_bytes()).expect("header"),
+                );
+            if let Some(body) = body {
+                req = req.json(&body);
+            }
+            let resp = req.send().await.expect("request");
+            let status = resp.status().as_u16();
+            let body: Value = resp.json().await.expect("json");
+            assert_eq!(status, 400, "{method} {p} key {bad:?}: {body}");
+            assert_eq!(body["error"], "invalid_idempotency_key", "{body}");
+        }
+    }
+    assert_eq!(seat_state(&s, &sh, "C1").await["state"], "free");
+    let (status, read) = s.get(&format!("/v1/shows/{sh}/holds/{token}")).await;
+    assert_eq!(status, 200, "the hold survived every refused request");
+    assert!(read["expiresInMs"].as_i64().expect("expiresInMs") > 200_000);
+    // 255 characters of the alphabet are fine.
+    let r = send(
+        &s,
+        "POST",
+        &format!("/v1/shows/{sh}/seats/C1/hold"),
+        None,
+        Some(&longest),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{r:?}");
+}
+
+/// Failures are not recorded: a hold refused 409 under a key runs again
+/// when retried with that key, and gets the seat once it is free.
+#[tokio::test]
+async fn failures_are_not_recorded() {
+    let _r = EXCLUSIVE.read().await;
+    let s = server_with(options()).await;
+    let sh = show("failure");
+    let alice = s.hold(&sh, &["F1"]).await;
+    let key = idem_key("failure");
+    let path = format!("/v1/shows/{sh}/holds");
+    let body = json!({"seats": ["F2", "F1"]});
+    let refused = send(&s, "POST", &path, Some(body.clone()), Some(&key)).await;
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.body["error"], "seats_taken");
+    assert_eq!(get_opt(&keys().idempotency(&sh, &key)).await, None);
+    let again = send(&s, "POST", &path, Some(body.clone()), Some(&key)).await;
+    assert_eq!((again.status, again.replayed), (409, false), "{again:?}");
+
+    let gone = send(
+        &s,
+        "DELETE",
+        &format!("/v1/shows/{sh}/holds/{}", token_of(&alice)),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(gone.status, 204);
+    let granted = send(&s, "POST", &path, Some(body.clone()), Some(&key)).await;
+    assert_eq!(
+        (granted.status, granted.replayed),
+        (201, false),
+        "{granted:?}"
+    );
+    let replay = send(&s, "POST", &path, Some(body), Some(&key)).await;
+    assert_eq!((replay.status, replay.replayed), (201, true), "{replay:?}");
+    assert_eq!(replay.body["holdToken"], granted.body["holdToken"]);
+
+    // A 404 under a key is not recorded either.
+    let ghost = format!("/v1/shows/{sh}/holds/{}", uuid::Uuid::new_v4());
+    let rkey = idem_key("failure-404");
+    for _ in 0..2 {
+        let r = send(&s, "DELETE", &ghost, None, Some(&rkey)).await;
+        assert_eq!((r.status, r.replayed), (404, false), "{r:?}");
+    }
+    assert_eq!(get_opt(&keys().idempotency(&sh, &rkey)).await, None);
+}
+
+/// Two daemons on one cluster share the records: the second answers the
+/// first one's outcome, and refuses another request under the key.
+#[tokio::test]
+async fn two_daemons_share_idempotency_records() {
+    let _r = EXCLUSIVE.read().await;
+    let a = server_with(options()).await;
+    let b = server_with(options()).await;
+    let sh = show("two");
+    let key = idem_key("two");
+    let path = format!("/v1/shows/{sh}/holds");
+    let body = json!({"seats": ["D1", "D2"]});
+    let first = send(&a, "POST", &path, Some(body.clone()), Some(&key)).await;
+    assert_eq!((first.status, first.replayed), (201, false), "{first:?}");
+    let again = send(&b, "POST", &path, Some(body.clone()), Some(&key)).await;
+    assert_eq!((again.status, again.replayed), (201, true), "{again:?}");
+    for field in ["holdToken", "fence", "seats", "show"] {
+        assert_eq!(again.body[field], first.body[field], "{field}");
+    }
+    let other = send(
+        &b,
+        "POST",
+        &path,
+        Some(json!({"seats": ["D3"]})),
+        Some(&key),
+    )
+    .await;
+    assert_eq!(other.status, 422, "{other:?}");
+    assert_eq!(other.body["error"], "idempotency_key_reused");
+    assert_eq!(seat_state(&a, &sh, "D3").await["state"], "free");
+
+    // A release through A, replayed through B.
+    let token = token_of(&first.body);
+    let rkey = idem_key("two-release");
+    let rel = format!("/v1/shows/{sh}/holds/{token}");
+    let r1 = send(&a, "DELETE", &rel, None, Some(&rkey)).await;
+    assert_eq!((r1.status, r1.replayed), (204, false), "{r1:?}");
+    let r2 = send(&b, "DELETE", &rel, None, Some(&rkey)).await;
+    assert_eq!((r2.status, r2.replayed), (204, true), "{r2:?}");
+}
+
+/// An extend replayed answers 200 with the hold's current remaining time,
+/// not the one recorded, and does not extend again.
+#[tokio::test]
+async fn extend_replay_answers_current_expiry() {
+    let _r = EXCLUSIVE.read().await;
+    let s = server_with(options()).await;
+    let sh = show("extend");
+    let hold = s.hold(&sh, &["E1"]).await;
+    let token = token_of(&hold);
+    let path = format!("/v1/shows/{sh}/holds/{token}/extend");
+    let key = idem_key("extend");
+    let first = send(&s, "POST", &path, Some(json!({"ttlMs": 60000})), Some(&key)).await;
+    assert_eq!((first.status, first.replayed), (200, false), "{first:?}");
+    assert_eq!(first.body["fence"], hold["fence"]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let again = send(&s, "POST", &path, Some(json!({"ttlMs": 60000})), Some(&key)).await;
+    assert_eq!((again.status, again.replayed), (200, true), "{again:?}");
+    assert_eq!(again.body["fence"], hold["fence"]);
+    assert_eq!(again.body["holdToken"], json!(token));
+    assert_eq!(again.body["seats"], json!(["E1"]));
+    let remaining = again.body["expiresInMs"].as_i64().expect("expiresInMs");
+    assert!(
+        remaining < 59_950 && remaining > 50_000,
+        "the replay did not extend again: {remaining}"
+    );
+
+    // Extended to 120 s without a key; the replay tells the current time.
+    let plain = send(&s, "POST", &path, Some(json!({"ttlMs": 120000})), None).await;
+    assert_eq!(plain.status, 200, "{plain:?}");
+    let again = send(&s, "POST", &path, Some(json!({"ttlMs": 60000})), Some(&key)).await;
+    assert_eq!((again.status, again.replayed), (200, true), "{again:?}");
+    let remaining = again.body["expiresInMs"].as_i64().expect("expiresInMs");
+    assert!(
+        remaining > 110_000,
+        "expiresInMs is current, not the recorded 60 s: {remaining}"
+    );
+    let seat_ttl = pttl(&keys().seat(&sh, "E1")).await;
+    assert!(
+        seat_ttl > 110_000,
+        "the replay left the seat's TTL: {seat_ttl}"
+    );
+
+    // After the hold is gone the replay still answers its recorded outcome.
+    let gone = send(
+        &s,
+        "DELETE",
+        &format!("/v1/shows/{sh}/holds/{token}"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(gone.status, 204);
+    let again = send(&s, "POST", &path, Some(json!({"ttlMs": 60000})), Some(&key)).await;
+    assert_eq!((again.status, again.replayed), (200, true), "{again:?}");
+    assert_eq!(again.body["fence"], hold["fence"]);
+    assert_eq!(again.body["seats"], json!(["E1"]));
+    assert_eq!(seat_state(&s, &sh, "E1").await["state"], "free");
+}
+
+/// A release replayed answers 204 again, marked, also after the hold is
+/// gone; without the key the same DELETE is 404.
+#[tokio::test]
+async fn release_replay_answers_204_after_the_hold_is_gone() {
+    let _r = EXCLUSIVE.read().await;
+    let s = server_with(options()).await;
+    let sh = show("release");
+    let hold = s.hold(&sh, &["R1", "R2"]).await;
+    let path = format!("/v1/shows/{sh}/holds/{}", token_of(&hold));
+    let key = idem_key("release");
+    let first = send(&s, "DELETE", &path, None, Some(&key)).await;
+    assert_eq!((first.status, first.replayed), (204, false), "{first:?}");
+    for _ in 0..2 {
+        let again = send(&s, "DELETE", &path, None, Some(&key)).await;
+        assert_eq!((again.status, again.replayed), (204, true), "{again:?}");
+        assert_eq!(again.body, Value::Null);
+    }
+    let plain = send(&s, "DELETE", &path, None, None).await;
+    assert_eq!(plain.status, 404, "{plain:?}");
+    // Someone else holds R1 now: the replay does not release it.
+    let bob = s.hold(&sh, &["R1"]).await;
+    let again = send(&s, "DELETE", &path, None, Some(&key)).await;
+    assert_eq!((again.status, again.replayed), (204, true), "{again:?}");
+    assert_eq!(
+        get_opt(&keys().seat(&sh, "R1")).await.as_deref(),
+        Some(token_of(&bob).as_str()),
+        "Bob's hold is untouched"
+    );
+}
+
+/// A confirm replayed answers 200 again with the same body, marked.
+#[tokio::test]
+async fn confirm_replay_answers_200() {
+    let _r = EXCLUSIVE.read().await;
+    let s = server_with(options()).await;
+    let sh = show("confirm");
+    let hold = s.hold(&sh, &["C1", "C2"]).await;
+    let path = format!("/v1/shows/{sh}/holds/{}/confirm", token_of(&hold));
+    let key = idem_key("confirm");
+    let first = send(&s, "POST", &path, None, Some(&key)).await;
+    assert_eq!((first.status, first.replayed), (200, false), "{first:?}");
+    assert_eq!(first.body["fence"], hold["fence"]);
+    let again = send(&s, "POST", &path, None, Some(&key)).await;
+    assert_eq!((again.status, again.replayed), (200, true), "{again:?}");
+    for field in ["holdToken", "show", "seats", "fence"] {
+        assert_eq!(again.body[field], first.body[field], "{field}");
+    }
+    assert!(again.body["replicas"].as_i64().is_some_and(|n| n >= 1));
+    for seat in ["C1", "C2"] {
+        assert_eq!(seat_state(&s, &sh, seat).await["state"], "sold");
+    }
+}
+
+// ---------------------------------------------------------------------
+// 3. A release whose reply was lost.
+// ---------------------------------------------------------------------
+
+/// release.lua run through a proxy that loses its reply: the release took
+/// effect with its record; the same script sent again answers the replay
+/// `{-3, "<fingerprint> 204"}` (which the daemon answers 204), and the
+/// daemon answers the client's retry with that key 204, marked.
+#[tokio::test]
+async fn release_script_resent_after_a_lost_reply_answers_the_replay() {
+    let _r = EXCLUSIVE.read().await;
+    let s = server_with(options()).await;
+    let sh = show("lost");
+    let hold = s.hold(&sh, &["L1", "L2"]).await;
+    let token = token_of(&hold);
+    let master = master_of(&sh).await;
+    let proxy = Proxy::start(master).await;
+    let mut via_proxy = proxy.redis().await;
+
+    // The request the daemon would make for DELETE with this key.
+    let path = format!("/v1/shows/{sh}/holds/{token}");
+    let client_key = idem_key("lost");
+    let idem = Idem::new(
+        IdemKey::parse(client_key.as_bytes()).expect("key"),
+        "DELETE",
+        &path,
+        b"",
+    );
+    let ks = keys();
+    let script_keys = vec![
+        ks.hold_record(&sh, &token),
+        ks.seat(&sh, "L1"),
+        ks.seat(&sh, "L2"),
+        ks.idempotency(&sh, idem.key.as_str()),
+    ];
+    let release = Scripts::embedded().release;
+    let args = |c: &mut redis::Cmd| {
+        // Events off (E, cap, ref), no pools (P), no holder (H).
+        c.arg(&token)
+            .arg(&idem.fingerprint)
+            .arg(86_400_000)
+            .arg(0)
+            .arg(0)
+            .arg("")
+            .arg(0)
+            .arg(0);
+    };
+
+    proxy.lose_next_reply();
+    let lost: redis::RedisResult<RValue> = tokio::time::timeout(
+        Duration::from_secs(5),
+        release.run(&mut via_proxy, &script_keys, args),
+    )
+    .await
+    .expect("the lost reply ends in an error, not a hang");
+    assert!(lost.is_err(), "the reply was lost: {lost:?}");
+    tokio::time::timeout(Duration::from_secs(1), proxy.lost.notified())
+        .await
+        .expect("the proxy swallowed a reply");
+    // It took effect.
+    for seat in ["L1", "L2"] {
+        assert_eq!(get_opt(&ks.seat(&sh, seat)).await, None, "{seat} released");
+    }
+    assert_eq!(get_opt(&ks.hold_record(&sh, &token)).await, None);
+
+    // Sent again, directly: the replay, naming the first run's outcome.
+    let mut direct = common::node(master).await;
+    let again: RValue = release
+        .run(&mut direct, &script_keys, args)
+        .await
+        .expect("release.lua again");
+    let expected = format!("{} 204", idem.fingerprint);
+    assert_eq!(
+        again,
+        RValue::Array(vec![
+            RValue::Int(-3),
+            RValue::BulkString(expected.clone().into_bytes())
+        ]),
+        "the resend answers the replay"
+    );
+    // The daemon's own kind of key (no client key) behaves the same.
+    let internal = Idem::internal();
+    let hold2 = s.hold(&sh, &["L3"]).await;
+    let token2 = token_of(&hold2);
+    let keys2 = vec![
+        ks.hold_record(&sh, &token2),
+        ks.seat(&sh, "L3"),
+        ks.idempotency(&sh, internal.key.as_str()),
+    ];
+    let args2 = |c: &mut redis::Cmd| {
+        c.arg(&token2)
+            .arg(&internal.fingerprint)
+            .arg(60_000)
+            .arg(0)
+            .arg(0)
+            .arg("")
+            .arg(0)
+            .arg(0);
+    };
+    // The first connection died with its lost reply: a new one.
+    let mut via_proxy = proxy.redis().await;
+    proxy.lose_next_reply();
+    let lost: redis::RedisResult<RValue> = tokio::time::timeout(
+        Duration::from_secs(5),
+        release.run(&mut via_proxy, &keys2, args2),
+    )
+    .await
+    .expect("no hang");
+    assert!(lost.is_err(), "{lost:?}");
+    tokio::time::timeout(Duration::from_secs(1), proxy.lost.notified())
+        .await
+        .expect("the proxy swallowed the second reply");
+    let again: RValue = release
+        .run(&mut direct, &keys2, args2)
+        .await
+        .expect("again");
+    assert_eq!(
+        again,
+        RValue::Array(vec![
+            RValue::Int(-3),
+            RValue::BulkString(b"daemon 204".to_vec())
+        ])
+    );
+    assert_eq!(get_opt(&ks.seat(&sh, "L3")).await, None);
+
+    // The client's retry of the DELETE with its key: 204, marked.
+    let retry = send(&s, "DELETE", &path, None, Some(&client_key)).await;
+    assert_eq!((retry.status, retry.replayed), (204, true), "{retry:?}");
+    let plain = send(&s, "DELETE", &path, None, None).await;
+    assert_eq!(plain.status, 404, "without the key it is gone: {plain:?}");
+}
+
+/// At HTTP level: a DELETE whose 204 was lost on the way back (the daemon
+/// answered, the client's connection dropped) and resent by the client
+/// with the same key answers 204.
+#[tokio::test]
+async fn delete_resent_after_a_lost_http_reply_answers_204() {
+    let _r = EXCLUSIVE.read().await;
+    let s = server_with(options()).await;
+    let sh = show("lost-http");
+    let hold = s.hold(&sh, &["H1"]).await;
+    let token = token_of(&hold);
+    let path = format!("/v1/shows/{sh}/holds/{token}");
+    let key = idem_key("lost-http");
+    let proxy = Proxy::start(s.addr.port()).await;
+
+    proxy.lose_next_reply();
+    let mut conn = TcpStream::connect(("127.0.0.1", proxy.port))
+        .await
+        .expect("connect to the proxy");
+    conn.write_all(
+        format!(
+            "DELETE {path} HTTP/1.1\r\nHost: seathold\r\nIdempotency-Key: {key}\r\n\
+             Content-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("send the DELETE");
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut got))
+        .await
+        .expect("the proxy closes the connection");
+    assert!(got.is_empty(), "the reply was lost: {got:?}");
+    tokio::time::timeout(Duration::from_secs(1), proxy.lost.notified())
+        .await
+        .expect("the daemon answered and the proxy swallowed it");
+    assert_eq!(
+        get_opt(&keys().seat(&sh, "H1")).await,
+        None,
+        "the release took effect"
+    );
+
+    let retry = send(&s, "DELETE", &path, None, Some(&key)).await;
+    assert_eq!((retry.status, retry.replayed), (204, true), "{retry:?}");
+    let plain = send(&s, "DELETE", &path, None, None).await;
+    assert_eq!(plain.status, 404, "{plain:?}");
+}
+
+// ---------------------------------------------------------------------
+// 4. Fences across a failover that loses writes.
+// ---------------------------------------------------------------------
+
+/// `GET key` on one node, replica or master (`READONLY` first).
+async fn node_get(port: u16, key: &str) -> Option<String> {
+    let mut c = common::node(port).await;
+    let () = redis::cmd("READONLY")
+        .query_async(&mut c)
+        .await
+        .expect("READONLY");
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut c)
+        .await
+        .expect("GET on the node")
+}
+
+/// The replica of the master on `master` (from its INFO replication).
+async fn replica_of(master: u16) -> u16 {
+    let info = info(master, "replication").await;
+    let line = info
+        .iter()
+        .find(|(k, _)| k.starts_with("slave"))
+        .map(|(_, v)| v.clone())
+        .expect("the master has a replica");
+    line.split(',')
+        .find_map(|kv| kv.strip_prefix("port="))
+        .and_then(|p| p.parse().ok())
+        .expect("the replica's port")
+}
+
+/// Puts the cluster back should the test fail half-way: the replica
+/// resumed, the killed master restarted.
+struct Restore {
+    replica: u16,
+    master: u16,
+    armed: bool,
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let _ = cluster().resume(self.replica);
+        let master = self.master;
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let _ = cluster().restart(master).await;
+                let _ = cluster().wait_until_ok(Duration::from_secs(30)).await;
+            });
+        })
+        .join();
+    }
+}
+
+/// A show's fence strictly increases across a failover that lost the last
+/// holds (and the fence counter with them): the replica stopped before
+/// those holds, the master killed, the replica promoted.
+#[tokio::test]
+async fn fence_never_repeats_across_a_failover_that_loses_writes() {
+    let _x = EXCLUSIVE.write().await;
+    cluster()
+        .wait_until_ok(Duration::from_secs(30))
+        .await
+        .expect("a healthy cluster to start from");
+    let s = server_with(options()).await;
+    let sh = show("failover");
+    let slot = keys().show_slot(&sh);
+    let master = master_of(&sh).await;
+    let replica = replica_of(master).await;
+    let mut fences = vec![fence_of(&s.hold(&sh, &["F0"]).await)];
+    // The replica has F0 before it stops.
+    common::eventually(Duration::from_secs(5), "the replica to have F0", || async {
+        node_get(replica, &keys().seat(&sh, "F0")).await.is_some()
+    })
+    .await;
+
+    let mut restore = Restore {
+        replica,
+        master,
+        armed: true,
+    };
+    // SIGSTOP alone loses nothing: the kernel keeps buffering the
+    // replication stream for the stopped replica, which reads it all when
+    // it resumes. So the master also drops the link: what it writes from
+    // now on reaches no replica.
+    cluster().pause(replica).expect("SIGSTOP the replica");
+    let mut m = common::node(master).await;
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query_async(&mut m)
+        .await
+        .expect("CLIENT KILL TYPE replica");
+    assert_eq!(killed, 1, "the master dropped its replica's link");
+    for i in 1..=5 {
+        fences.push(fence_of(&s.hold(&sh, &[&format!("F{i}")]).await));
+    }
+    let last = *fences.iter().max().expect("fences");
+    cluster().kill(master).expect("kill -9 the master");
+    cluster().resume(replica).expect("SIGCONT the replica");
+
+    // Redis promotes the replica by itself; if it will not, take over.
+    let promoted = async {
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(15) {
+            if cluster().master_port_for_slot(slot).await.ok() == Some(replica) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+    .await;
+    if !promoted {
+        eprintln!("failover: no election; CLUSTER FAILOVER TAKEOVER on the replica");
+        let mut c = common::node(replica).await;
+        let () = redis::cmd("CLUSTER")
+            .arg("FAILOVER")
+            .arg("TAKEOVER")
+            .query_async(&mut c)
+            .await
+            .expect("CLUSTER FAILOVER TAKEOVER");
+    }
+    cluster()
+        .wait_until_ok(Duration::from_secs(30))
+        .await
+        .expect("the replica promoted");
+    assert_eq!(master_of(&sh).await, replica);
+
+    // The holds after the stop were lost, their `held` events (whose ids
+    // gave their fences) with them.
+    let mut r = common::node(replica).await;
+    let newest: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
+        .arg(keys().events(&sh))
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(1)
+        .query_async(&mut r)
+        .await
+        .expect("XREVRANGE");
+    let kept = newest
+        .first()
+        .and_then(|(id, _)| seathold::events::EventId::parse(id))
+        .map(|id| id.fence());
+    assert!(
+        kept.is_some_and(|f| f < last),
+        "the promoted replica lost the last events: {kept:?} < {last}"
+    );
+    let lost = node_get(replica, &keys().seat(&sh, "F5")).await;
+    assert_eq!(lost, None, "the last hold was lost in the failover");
+
+    // Holds of the show again: every fence is above every earlier one.
+    let mut after = Vec::new();
+    for seat in ["F5", "G1", "G2"] {
+        let started = Instant::now();
+        let hold = loop {
+            let r = send(
+                &s,
+                "POST",
+                &format!("/v1/shows/{sh}/seats/{seat}/hold"),
+                None,
+                None,
+            )
+            .await;
+            if r.status == 201 {
+                break r.body;
+            }
+            assert!(
+                r.status == 503 && started.elapsed() < Duration::from_secs(10),
+                "a hold on the new master: {r:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        after.push(fence_of(&hold));
+    }
+    eprintln!("failover: fences before {fences:?}, newest fence on the promoted replica {kept:?}, after {after:?}");
+    for f in &after {
+        assert!(
+            *f > last,
+            "fence {f} repeats or goes back: before {fences:?}"
+        );
+        assert!(*f < JS_SAFE);
+    }
+    assert!(after.windows(2).all(|w| w[0] < w[1]), "{after:?}");
+
+    restore.armed = false;
+    cluster()
+        .restart(master)
+        .await
+        .expect("restart the old master");
+    cluster()
+        .wait_until_ok(Duration::from_secs(30))
+        .await
+        .expect("cluster healthy again");
+}
+
+// ---------------------------------------------------------------------
+// 5. Fences are JavaScript-safe and follow Redis's clock.
+// ---------------------------------------------------------------------
+
+/// A fence is at least Redis `TIME` in ms x 1000 at the hold, below 2^53,
+/// strictly increasing per show, and above a counter set ahead of the
+/// clock (max(last + 1, time)).
+#[tokio::test]
+async fn fences_follow_redis_time_and_stay_js_safe() {
+    let _r = EXCLUSIVE.read().await;
+    let s = server_with(options()).await;
+    let sh = show("fence");
+    let master = master_of(&sh).await;
+
+    let t0 = redis_ms(master).await;
+    let hold = s.hold(&sh, &["T1"]).await;
+    let t1 = redis_ms(master).await;
+    let f = fence_of(&hold);
+    assert!(
+        f >= t0 * 1000 && f <= (t1 + 1) * 1000,
+        "fence {f} is Redis's time x 1000 ({t0}..{t1} ms)"
+    );
+    assert!(f < JS_SAFE, "{f} < 2^53");
+    assert_eq!(
+        hold["fence"].as_f64().map(|x| x as i64),
+        Some(f),
+        "a double reads it exactly"
+    );
+
+    // Concurrent holds of one show: all different, increasing in order of
+    // their records.
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let (http, base, sh) = (s.http.clone(), s.base.clone(), sh.clone());
+        tasks.push(tokio::spawn(async move {
+            let r = http
+                .post(format!("{base}/v1/shows/{sh}/seats/P{i}/hold"))
+                .send()
+                .await
+                .expect("hold");
+            assert_eq!(r.status().as_u16(), 201);
+            r.json::<Value>().await.expect("json")["fence"]
+                .as_i64()
+                .expect("fence")
+        }));
+    }
+    let mut burst = Vec::new();
+    for t in tasks {
+        burst.push(t.await.expect("task"));
+    }
+    let t2 = redis_ms(master).await;
+    burst.sort_unstable();
+    burst.dedup();
+    assert_eq!(burst.len(), 40, "no fence handed out twice");
+    assert!(burst[0] > f);
+    assert!(*burst.last().expect("last") <= (t2 + 1) * 1000 + 40 && burst[39] < JS_SAFE);
+
+    // A stream ahead of the clock (a master whose clock ran ahead before a
+    // failover left its last event there): the next fence is last + 1, not
+    // the clock. With events on, a show's stream ids give its fences.
+    let ahead = (t2 + 60_000) * 1000;
+    let mut r = common::redis().await;
+    let _: String = redis::cmd("XADD")
+        .arg(keys().events(&sh))
+        .arg(format!("{}-0", t2 + 60_000))
+        .arg("t")
+        .arg("test")
+        .query_async(&mut r)
+        .await
+        .expect("XADD ahead of the clock");
+    let next = fence_of(&s.hold(&sh, &["T2"]).await);
+    assert_eq!(next, ahead + 1);
+
+    // A multi-show hold exceeds the last fences of both shows, and both
+    // shows' later fences exceed it.
+    let ks = keys();
+    let slot = ks.show_slot(&sh);
+    let other = (0..400_000)
+        .map(|i| format!("{sh}-{i}"))
+        .find(|b| ks.show_slot(b) == slot)
+        .expect("a show in the same slot");
+    let (status, multi) = s
+        .post(
+            "/v1/holds",
+            json!({"seats": [{"show": other, "seat": "M1"}, {"show": sh, "seat": "M1"}]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{multi}");
+    let fm = fence_of(&multi);
+    assert_eq!(fm, ahead + 2, "above the higher of both shows' last fences");
+    let o = fence_of(&s.hold(&other, &["M2"]).await);
+    let n = fence_of(&s.hold(&sh, &["M2"]).await);
+    assert!(
+        o > fm && n > fm && o < JS_SAFE && n < JS_SAFE,
+        "{o} {n} > {fm}"
+    );
+}
