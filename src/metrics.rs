@@ -11,7 +11,9 @@ pub const HOLDS: &str = "seathold_holds_total";
 pub const SEATS_HELD: &str = "seathold_seats_held_total";
 /// Hold requests refused with 409 (contract).
 pub const HOLD_CONFLICTS: &str = "seathold_hold_conflicts_total";
-/// Holds that expired in Redis, from keyspace events (contract).
+/// Holds that ran out: the `expired` events this instance wrote (with
+/// `--events off`, the expired hold records its keyspace events reported)
+/// (contract).
 pub const HOLD_EXPIRIES: &str = "seathold_hold_expiries_total";
 /// Holds released (contract).
 pub const RELEASES: &str = "seathold_releases_total";
@@ -137,7 +139,7 @@ fn describe() {
     );
     describe_counter!(
         HOLD_EXPIRIES,
-        "Holds that expired in Redis without release or confirm, from keyspace expiry events; trails the TTL."
+        "Holds that ran out without release or confirm: the expired events this instance wrote. Sum over instances for the true figure."
     );
     describe_counter!(RELEASES, "Holds released.");
     describe_counter!(
@@ -195,6 +197,32 @@ fn describe() {
         EXPIRY_RESUBSCRIPTIONS,
         "Expiry subscriptions lost and made again."
     );
+    describe_counter!(
+        EVENTS,
+        "Events this instance wrote to the shows' streams, by type."
+    );
+    describe_gauge!(
+        EVENT_SUBSCRIBERS,
+        "Event-stream (SSE) subscribers connected to this instance."
+    );
+    describe_histogram!(
+        EVENT_DELIVERY,
+        Unit::Seconds,
+        "Time from an event (its stream id, Redis's clock) to its write to a subscriber."
+    );
+    describe_gauge!(
+        EVENT_READERS,
+        "Shows whose event stream this instance reads (one reader per show)."
+    );
+    describe_counter!(
+        EVENT_SUBSCRIBERS_DROPPED,
+        "Event subscribers disconnected because they stopped reading or fell too far behind."
+    );
+    describe_counter!(
+        SWEEP_FAILURES,
+        "Sweeps of a show's deadline index that failed (expired events delayed)."
+    );
+    describe_gauge!(SWEPT_SHOWS, "Shows with deadlines this instance sweeps.");
     describe_gauge!(BUILD_INFO, "Always 1; the version label names the build.");
     describe_gauge!(
         KEYSPACE_EVENTS_ENABLED,
@@ -223,9 +251,16 @@ pub fn register_zeroes() {
         HTTP_OVERLOADED,
         EXPIRY_RESUBSCRIPTIONS,
         DIRECT_FALLBACKS,
+        EVENT_SUBSCRIBERS_DROPPED,
+        SWEEP_FAILURES,
     ] {
         metrics::counter!(name).increment(0);
     }
+    for kind in crate::events::TYPES {
+        metrics::counter!(EVENTS, "type" => kind).increment(0);
+    }
+    // Registered without a sample: the exporter renders zero counts.
+    let _ = metrics::histogram!(EVENT_DELIVERY);
     for kind in crate::cluster::RedisFault::ALL {
         metrics::counter!(REDIS_ERRORS, "kind" => kind.label()).increment(0);
     }
@@ -243,6 +278,11 @@ pub fn register_zeroes() {
         EXPIRY_SUBSCRIPTIONS,
     ] {
         metrics::gauge!(gauge).set(0.0);
+    }
+    // Registered, not reset: a second server in one process (tests) must
+    // not zero the first one's subscribers.
+    for gauge in [EVENT_SUBSCRIBERS, EVENT_READERS, SWEPT_SHOWS] {
+        metrics::gauge!(gauge).increment(0.0);
     }
     // 1 until a master is found without expired-key events (see expiry.rs);
     // 0 would read as "off" and, held, fire the alert.

@@ -26,6 +26,10 @@ pub mod hub;
 pub mod sse;
 pub mod sweep;
 
+/// The event types this daemon writes (the contract's 1.1 inventory types
+/// `modified` and `pool_changed` come with pools and PATCH).
+pub const TYPES: [&str; 5] = ["held", "extended", "released", "confirmed", "expired"];
+
 /// Most events one poll may ask for.
 pub const MAX_LIMIT: usize = 1000;
 
