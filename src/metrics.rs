@@ -244,6 +244,32 @@ fn describe() {
         EXPIRY_RESUBSCRIPTIONS,
         "Expiry subscriptions lost and made again."
     );
+    describe_counter!(
+        EVENTS,
+        "Events this instance wrote to the shows' streams, by type."
+    );
+    describe_gauge!(
+        EVENT_SUBSCRIBERS,
+        "Event-stream (SSE) subscribers connected to this instance."
+    );
+    describe_histogram!(
+        EVENT_DELIVERY,
+        Unit::Seconds,
+        "Time from an event (its stream id, Redis's clock) to its write to a subscriber."
+    );
+    describe_gauge!(
+        EVENT_READERS,
+        "Shows whose event stream this instance reads (one reader per show)."
+    );
+    describe_counter!(
+        EVENT_SUBSCRIBERS_DROPPED,
+        "Event subscribers disconnected because they stopped reading or fell too far behind."
+    );
+    describe_counter!(
+        SWEEP_FAILURES,
+        "Sweeps of a show's deadline index that failed (expired events delayed)."
+    );
+    describe_gauge!(SWEPT_SHOWS, "Shows with deadlines this instance sweeps.");
     describe_gauge!(BUILD_INFO, "Always 1; the version label names the build.");
     describe_gauge!(
         KEYSPACE_EVENTS_ENABLED,
@@ -303,6 +329,11 @@ pub fn register_zeroes() {
         SWEPT_SHOWS,
     ] {
         metrics::gauge!(gauge).set(0.0);
+    }
+    // Registered, not reset: a second server in one process (tests) must
+    // not zero the first one's subscribers.
+    for gauge in [EVENT_SUBSCRIBERS, EVENT_READERS, SWEPT_SHOWS] {
+        metrics::gauge!(gauge).increment(0.0);
     }
     // 1 until a master is found without expired-key events (see expiry.rs);
     // 0 would read as "off" and, held, fire the alert.

@@ -231,8 +231,11 @@ impl Accept<'_> {
             .timer(TokioTimer::new())
             .header_read_timeout(self.header_read_timeout);
         let app = Arc::clone(self.app);
-        let service = service_fn(move |req| {
+        let disconnect = http::Disconnect::default();
+        let handle = disconnect.clone();
+        let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             let app = Arc::clone(&app);
+            req.extensions_mut().insert(handle.clone());
             async move { Ok::<_, Infallible>(http::handle(app, req, peer).await) }
         });
         let conn = self
@@ -240,8 +243,11 @@ impl Accept<'_> {
             .watch(builder.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             let _open = open;
-            if let Err(err) = conn.await {
-                tracing::debug!(error = %err, "connection ended with an error");
+            tokio::select! {
+                ended = conn => if let Err(err) = ended {
+                    tracing::debug!(error = %err, "connection ended with an error");
+                },
+                () = disconnect.requested() => tracing::debug!(%peer, "connection closed by the server"),
             }
         });
     }

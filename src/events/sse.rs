@@ -5,7 +5,7 @@
 //! this instance's one reader of the show ([`super::hub`]), each once and in
 //! order. A comment line every heartbeat keeps proxies from closing an idle
 //! stream. The body is fed through a small bounded channel: a client that
-//! stops reading fills it and is disconnected, as is one that falls more
+//! stops reading fills it and is disconnected (its connection closed), as is one that falls more
 //! than [`super::hub::BUFFER`] events behind the reader, so the daemon's
 //! memory stays bounded whatever its clients do.
 
@@ -43,6 +43,8 @@ pub struct Subscription {
     pub show: ShowId,
     /// Turns true when the server closes: the stream ends.
     pub closing: watch::Receiver<bool>,
+    /// Closes the client's connection; used when it stopped reading.
+    pub disconnect: Option<crate::http::Disconnect>,
 }
 
 /// Subscribes to `sub.show` from `cursor`. Fails (410 `events_expired`, or
@@ -171,6 +173,11 @@ async fn feed_client(
     };
     let result: Result<(), End> = end.await;
     if let Err(End::TooSlow) = result {
+        // Closed, not just ended: a client that does not read would keep
+        // the connection, and what is buffered for it, forever.
+        if let Some(disconnect) = &sub.disconnect {
+            disconnect.now();
+        }
         metrics::counter!(m::EVENT_SUBSCRIBERS_DROPPED).increment(1);
         tracing::debug!(show = %sub.show, "event subscriber too slow; disconnected");
     }

@@ -333,6 +333,7 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
             keys: keys.clone(),
             show,
             closing: req.app.closing.subscribe(),
+            disconnect: req.head.extensions.get::<super::Disconnect>().cloned(),
         };
         let body = sse::subscribe(events, sub, after.map_or(Cursor::Newest, Cursor::After)).await?;
         let mut resp = hyper::Response::new(body);

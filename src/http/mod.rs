@@ -117,6 +117,26 @@ impl App {
     }
 }
 
+/// Closes a client's connection at once, whatever its response still has to
+/// send. The server puts one in every request's extensions; an event stream
+/// uses it for a client that stopped reading: ending the body instead would
+/// leave the connection open, its unsent bytes buffered, for as long as the
+/// client lingers without reading.
+#[derive(Clone, Default)]
+pub struct Disconnect(Arc<tokio::sync::Notify>);
+
+impl Disconnect {
+    /// Asks the connection's task to drop the connection.
+    pub fn now(&self) {
+        self.0.notify_one();
+    }
+
+    /// Completes once [`Disconnect::now`] was called (before or after).
+    pub async fn requested(&self) {
+        self.0.notified().await;
+    }
+}
+
 /// Counts a request in flight while alive.
 struct InFlight<'a>(&'a AtomicUsize);
 

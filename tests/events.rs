@@ -1,0 +1,1397 @@
+//! Events (API 1.1) against a real Redis Cluster: `expired` exactly once
+//! and on time with two instances and across a failover, Server-Sent Events
+//! (latency, frames, resuming, 410, slow clients, one reader per show,
+//! heartbeats), the polling form, and `--events off`.
+//!
+//! Tests that let holds expire count expiries per instance, so they take
+//! the binary's lock exclusively; every other test holds its seats for
+//! [`LONG_TTL`], so that nothing of theirs expires while this binary runs.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::{cluster, eventually, scrape, show, Daemon};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+/// Holds of tests that do not wait for expiries: longer than the binary runs.
+const LONG_TTL: u64 = 1_800_000;
+
+/// An HTTP client of one seathold instance.
+#[derive(Clone)]
+struct Api {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Api {
+    fn new(base: &str) -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(15))
+                .build()
+                .expect("client"),
+            base: base.to_owned(),
+        }
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let resp = req.send().await.expect("request");
+        let status = resp.status().as_u16();
+        let bytes = resp.bytes().await.expect("body");
+        let value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+        };
+        (status, value)
+    }
+
+    /// Holds `seats` of `show` for `ttl_ms`; panics unless 201.
+    async fn hold(&self, show: &str, seats: &[String], ttl_ms: u64) -> Value {
+        let (status, body) = self
+            .call(
+                "POST",
+                &format!("/v1/shows/{show}/holds"),
+                Some(json!({"seats": seats, "ttlMs": ttl_ms})),
+            )
+            .await;
+        assert_eq!(status, 201, "hold {show} {seats:?}: {body}");
+        body
+    }
+
+    /// One page of the polling form.
+    async fn page(&self, show: &str, query: &str) -> (u16, Value) {
+        self.call("GET", &format!("/v1/shows/{show}/events?{query}"), None)
+            .await
+    }
+
+    /// Every event of `show` still kept, paged with `limit=1000`.
+    async fn all_events(&self, show: &str) -> Vec<Value> {
+        let mut all = Vec::new();
+        let mut after = "0-0".to_owned();
+        loop {
+            let (status, page) = self.page(show, &format!("after={after}&limit=1000")).await;
+            assert_eq!(status, 200, "{page}");
+            let events = page["events"].as_array().expect("events").clone();
+            if events.is_empty() {
+                return all;
+            }
+            after = page["next"].as_str().expect("next").to_owned();
+            all.extend(events);
+        }
+    }
+}
+
+fn token(hold: &Value) -> String {
+    hold["holdToken"].as_str().expect("holdToken").to_owned()
+}
+
+/// The public ref of a hold: 16 hex digits of SHA-256 of its token.
+fn hold_ref(hold: &Value) -> String {
+    seathold::ids::HoldToken::parse(&token(hold))
+        .expect("a token")
+        .hold_ref()
+}
+
+fn fence(hold: &Value) -> i64 {
+    hold["fence"].as_i64().expect("fence")
+}
+
+/// The stream id of the `held` event of a hold with this fence.
+fn id_of_fence(fence: i64) -> String {
+    format!("{}-{}", fence / 1000, fence % 1000)
+}
+
+/// The ms part of a stream id.
+fn id_ms(id: &str) -> i64 {
+    id.split('-')
+        .next()
+        .and_then(|ms| ms.parse().ok())
+        .expect("an id")
+}
+
+/// Parses a stream id into (ms, seq) for ordering.
+fn id_key(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').expect("an id");
+    (ms.parse().expect("ms"), seq.parse().expect("seq"))
+}
+
+/// `2026-11-30T12:00:00.000Z` in ms since the epoch.
+fn iso_ms(s: &str) -> i64 {
+    let num = |r: std::ops::Range<usize>| -> i64 { s[r].parse().expect("a number in the time") };
+    assert!(s.len() == 24 && s.ends_with('Z'), "not an ISO time: {s}");
+    let (y, m, d) = (num(0..4), num(5..7), num(8..10));
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    ((days * 24 + num(11..13)) * 60 + num(14..16)) * 60_000 + num(17..19) * 1000 + num(20..23)
+}
+
+/// The entries of a show's stream read straight from Redis (`conn`):
+/// (id, type, ref).
+async fn xrange(
+    conn: &mut impl redis::aio::ConnectionLike,
+    show: &str,
+) -> Vec<(String, String, String)> {
+    let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+        .arg(seathold::keys::KeySpace::new("seat-hold:").events(show))
+        .arg("-")
+        .arg("+")
+        .query_async(conn)
+        .await
+        .expect("XRANGE");
+    entries
+        .into_iter()
+        .map(|(id, f)| {
+            (
+                id,
+                f.get("t").cloned().unwrap_or_default(),
+                f.get("r").cloned().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// The increase of `series` on each daemon, summed.
+fn summed(before: &[BTreeMap<String, f64>], after: &[BTreeMap<String, f64>], series: &str) -> f64 {
+    before
+        .iter()
+        .zip(after)
+        .map(|(b, a)| a.get(series).copied().unwrap_or(0.0) - b.get(series).copied().unwrap_or(0.0))
+        .sum()
+}
+
+async fn metric(d: &Daemon, series: &str) -> f64 {
+    scrape(&d.metrics().await)
+        .get(series)
+        .copied()
+        .unwrap_or(0.0)
+}
+
+/// One SSE frame: its `id`, `event` and `data` lines and its comments.
+#[derive(Debug, Clone, Default)]
+struct Frame {
+    id: Option<String>,
+    event: Option<String>,
+    data: Option<String>,
+    comments: Vec<String>,
+}
+
+impl Frame {
+    fn parse(block: &str) -> Self {
+        let mut f = Frame::default();
+        for line in block.lines() {
+            if let Some(c) = line.strip_prefix(':') {
+                f.comments.push(c.trim().to_owned());
+            } else if let Some(v) = line.strip_prefix("id: ") {
+                f.id = Some(v.to_owned());
+            } else if let Some(v) = line.strip_prefix("event: ") {
+                f.event = Some(v.to_owned());
+            } else if let Some(v) = line.strip_prefix("data: ") {
+                f.data = Some(v.to_owned());
+            } else {
+                panic!("an SSE line this server does not send: {line:?} in {block:?}");
+            }
+        }
+        f
+    }
+
+    /// The event's JSON, checked against its `id:` and `event:` lines.
+    fn json(&self) -> Value {
+        let data: Value =
+            serde_json::from_str(self.data.as_deref().expect("a data line")).expect("JSON data");
+        assert_eq!(data["id"].as_str(), self.id.as_deref(), "{self:?}");
+        assert_eq!(data["type"].as_str(), self.event.as_deref(), "{self:?}");
+        data
+    }
+}
+
+/// An SSE subscription read in the background: each frame with the moment
+/// it arrived.
+struct Sse {
+    frames: mpsc::UnboundedReceiver<(Instant, Frame)>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Sse {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Opens `GET /v1/shows/{show}/events{query}` as SSE; answers the status and,
+/// on 200, the subscription (its opening comment already read).
+async fn sse(
+    base: &str,
+    show: &str,
+    query: &str,
+    last_event_id: Option<&str>,
+) -> (u16, Option<Sse>) {
+    let mut req = reqwest::Client::new()
+        .get(format!("{base}/v1/shows/{show}/events{query}"))
+        .header("accept", "text/event-stream");
+    if let Some(id) = last_event_id {
+        req = req.header("last-event-id", id);
+    }
+    let mut resp = req.send().await.expect("SSE request");
+    let status = resp.status().as_u16();
+    if status != 200 {
+        return (status, None);
+    }
+    assert_eq!(
+        resp.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("text/event-stream")
+    );
+    let (tx, frames) = mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        let mut buf = String::new();
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            let now = Instant::now();
+            buf.push_str(std::str::from_utf8(&chunk).expect("UTF-8"));
+            while let Some(end) = buf.find("\n\n") {
+                let block: String = buf.drain(..end + 2).collect();
+                if tx.send((now, Frame::parse(block.trim_end()))).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let mut sub = Sse { frames, task };
+    let (_, first) = sub
+        .next(Duration::from_secs(5))
+        .await
+        .expect("the opening comment");
+    assert_eq!(first.comments, ["seathold events"], "{first:?}");
+    (status, Some(sub))
+}
+
+impl Sse {
+    /// The next frame, comments included.
+    async fn next(&mut self, limit: Duration) -> Option<(Instant, Frame)> {
+        tokio::time::timeout(limit, self.frames.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// The next event (comment frames skipped).
+    async fn event(&mut self, limit: Duration) -> Option<(Instant, Value)> {
+        let until = tokio::time::Instant::now() + limit;
+        loop {
+            let (at, frame) = tokio::time::timeout_at(until, self.frames.recv())
+                .await
+                .ok()
+                .flatten()?;
+            if frame.data.is_some() {
+                return Some((at, frame.json()));
+            }
+        }
+    }
+
+    /// Every event that arrives within `quiet` of the one before.
+    async fn drain(&mut self, quiet: Duration) -> Vec<Value> {
+        let mut out = Vec::new();
+        while let Some((_, e)) = self.event(quiet).await {
+            out.push(e);
+        }
+        out
+    }
+}
+
+/// `n` single-seat holds of `show` through `api`, 8 at a time, in seat
+/// order `{prefix}{i}`; answers the holds in that order.
+async fn holds(api: &Api, show: &str, prefix: &str, n: usize, ttl_ms: u64) -> Vec<Value> {
+    futures_util::stream::iter(0..n)
+        .map(|i| {
+            let api = api.clone();
+            let seat = format!("{prefix}{i}");
+            async move { api.hold(show, &[seat], ttl_ms).await }
+        })
+        .buffered(8)
+        .collect()
+        .await
+}
+
+/// VmRSS of a process in bytes; fails the test when it cannot be read.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("cannot read /proc/{pid}/status: {e}"));
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"));
+    kb * 1024
+}
+
+/// The local TCP ports of a process's sockets (from /proc), so that its
+/// connections can be told apart in a Redis node's `CLIENT LIST`.
+fn local_ports(pid: u32) -> HashSet<u16> {
+    let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("/proc/<pid>/fd")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    let mut ports = HashSet::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() > 9 && inodes.contains(f[9]) {
+                if let Some(port) = f[1]
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| u16::from_str_radix(p, 16).ok())
+                {
+                    ports.insert(port);
+                }
+            }
+        }
+    }
+    ports
+}
+
+/// A raw SSE client: sends the request and reads up to the opening comment,
+/// never more. `rcvbuf` shrinks its receive buffer (a client that stops
+/// reading then pushes back at once).
+async fn raw_sse(addr: SocketAddr, show: &str, rcvbuf: Option<u32>) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    if let Some(size) = rcvbuf {
+        socket.set_recv_buffer_size(size).expect("SO_RCVBUF");
+    }
+    let mut s = socket.connect(addr).await.expect("connect");
+    s.write_all(
+        format!(
+            "GET /v1/shows/{show}/events HTTP/1.1\r\nhost: {addr}\r\naccept: text/event-stream\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("send the request");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 512];
+    while !String::from_utf8_lossy(&seen).contains(": seathold events") {
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .expect("the response head in time")
+            .expect("read");
+        assert!(
+            n > 0,
+            "closed before the stream opened: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        seen.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&seen)
+    );
+    s
+}
+
+// ---------------------------------------------------------------------------
+// 1. Exactly once, on time, with two instances.
+
+/// 200 holds of 1 s over two `seathold serve` processes, 50 released and 50
+/// confirmed: exactly 100 `expired` events, one per expired hold, each within
+/// 1 s of its hold's `expiresAt`; the two instances' expiry counters add up
+/// to 100 and their event counters to what the streams hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_exactly_once_and_on_time_with_two_instances() {
+    let _alone = common::exclusive().await;
+    let d = [Daemon::start(&[]).await, Daemon::start(&[]).await];
+    let api = [Api::new(&d[0].base), Api::new(&d[1].base)];
+    let before = [scrape(&d[0].metrics().await), scrape(&d[1].metrics().await)];
+    let sh = show("twice");
+
+    // Hold i goes to instance i % 2; i % 4 == 0 is released and i % 4 == 1
+    // confirmed on the other instance, at once; the rest run out.
+    let fates: Vec<(Value, &str)> = futures_util::stream::iter(0..200usize)
+        .map(|i| {
+            let (a, b) = (api[i % 2].clone(), api[(i + 1) % 2].clone());
+            let sh = sh.clone();
+            async move {
+                let hold = a.hold(&sh, &[format!("S{i}")], 1_000).await;
+                let path = format!("/v1/shows/{sh}/holds/{}", token(&hold));
+                let fate = match i % 4 {
+                    0 => {
+                        let (status, body) = b.call("DELETE", &path, None).await;
+                        assert_eq!(status, 204, "release: {body}");
+                        "released"
+                    }
+                    1 => {
+                        let (status, body) = b.call("POST", &format!("{path}/confirm"), None).await;
+                        assert_eq!(status, 200, "confirm: {body}");
+                        "confirmed"
+                    }
+                    _ => "expired",
+                };
+                (hold, fate)
+            }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+
+    // Wait for the last deadline, then a little more: a duplicate would
+    // have time to show.
+    eventually(Duration::from_secs(15), "100 expired events", || async {
+        let events = api[0].all_events(&sh).await;
+        events.iter().filter(|e| e["type"] == "expired").count() >= 100
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let events = api[1].all_events(&sh).await;
+
+    let by_ref: HashMap<String, (&Value, &str)> =
+        fates.iter().map(|(h, f)| (hold_ref(h), (h, *f))).collect();
+    let mut counts: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut lateness = Vec::new();
+    for e in &events {
+        let r = e["holdRef"].as_str().expect("holdRef").to_owned();
+        let kind = e["type"].as_str().expect("type").to_owned();
+        let (hold, fate) = by_ref
+            .get(&r)
+            .unwrap_or_else(|| panic!("an event of no hold: {e}"));
+        assert_eq!(e["seats"], hold["seats"], "{e}");
+        assert_eq!(e["fence"], hold["fence"], "{e}");
+        assert_eq!(e["show"], json!(sh));
+        if kind == "expired" {
+            assert_eq!(
+                *fate, "expired",
+                "an expired event for a hold that was {fate}: {e}"
+            );
+            assert_eq!(e["expiresAt"], hold["expiresAt"], "{e}");
+            let at = iso_ms(e["at"].as_str().expect("at"));
+            assert_eq!(at, id_ms(e["id"].as_str().expect("id")));
+            lateness.push(at - iso_ms(hold["expiresAt"].as_str().expect("expiresAt")));
+        }
+        *counts.entry((kind, r)).or_default() += 1;
+    }
+    let dup: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(dup.is_empty(), "events written more than once: {dup:?}");
+    let of = |kind: &str| counts.keys().filter(|(k, _)| k == kind).count();
+    assert_eq!(
+        [
+            of("held"),
+            of("released"),
+            of("confirmed"),
+            of("expired"),
+            events.len()
+        ],
+        [200, 50, 50, 100, 400],
+        "held, released, confirmed, expired, all"
+    );
+    let (early, late) = (
+        lateness.iter().min().copied().unwrap_or(0),
+        lateness.iter().max().copied().unwrap_or(0),
+    );
+    eprintln!("expired events: lateness min {early} ms, max {late} ms");
+    assert!(
+        early >= 0,
+        "an expired event before its hold's expiry: {early} ms"
+    );
+    assert!(
+        late < 1_000,
+        "an expired event {late} ms after its hold's expiry"
+    );
+
+    // The counters: each instance counts the events it wrote.
+    let mut wrong = Vec::new();
+    eventually(Duration::from_secs(5), "the counters", || async {
+        let after = [scrape(&d[0].metrics().await), scrape(&d[1].metrics().await)];
+        summed(&before, &after, "seathold_hold_expiries_total") >= 100.0
+    })
+    .await;
+    // A counter counted twice would show now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = [scrape(&d[0].metrics().await), scrape(&d[1].metrics().await)];
+    for (series, truth) in [
+        ("seathold_hold_expiries_total", 100.0),
+        ("seathold_events_total{type=\"expired\"}", 100.0),
+        ("seathold_events_total{type=\"held\"}", 200.0),
+        ("seathold_events_total{type=\"released\"}", 50.0),
+        ("seathold_events_total{type=\"confirmed\"}", 50.0),
+        ("seathold_holds_total", 200.0),
+        ("seathold_releases_total", 50.0),
+        ("seathold_confirms_total", 50.0),
+    ] {
+        let got = summed(&before, &after, series);
+        if got != truth {
+            wrong.push(format!(
+                "{series}: {got} summed over both, {truth} happened"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    let per: Vec<f64> = (0..2)
+        .map(|i| {
+            summed(
+                &before[i..=i],
+                &after[i..=i],
+                "seathold_hold_expiries_total",
+            )
+        })
+        .collect();
+    eprintln!("expiries written per instance: {per:?}");
+}
+
+// ---------------------------------------------------------------------------
+// 2. Exactly once across a failover and a dead instance.
+
+/// Two instances, each holding on a show of its own in one slot; while the
+/// holds run out, one instance and the slot's master are killed. After the
+/// replica's promotion every hold whose `held` event the new master has
+/// gets exactly one `expired` event there, the dead instance's holds too
+/// (the survivor finds them); a hold whose writes the failover lost has
+/// none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_exactly_once_across_a_failover_and_a_dead_instance() {
+    let _alone = common::exclusive().await;
+    let mut doomed = Daemon::start(&[]).await;
+    let survivor = Daemon::start(&[]).await;
+    let ks = seathold::keys::KeySpace::new("seat-hold:");
+    let base = show("fo");
+    let sa = format!("{base}-a");
+    let slot = ks.show_slot(&sa);
+    let sb = (0..200_000)
+        .map(|i| format!("{base}-{i}"))
+        .find(|b| ks.show_slot(b) == slot)
+        .expect("a show in the same slot");
+    let (_, master) = common::slot_and_master(&sa).await;
+
+    // 60 holds on each show, their TTLs spread over 0.8-3.2 s.
+    let apis = [
+        (Api::new(&doomed.base), &sa),
+        (Api::new(&survivor.base), &sb),
+    ];
+    let mut made: Vec<(String, Value)> = Vec::new();
+    for i in 0..60u64 {
+        for (api, sh) in &apis {
+            let hold = api.hold(sh, &[format!("F{i}")], 800 + i * 40).await;
+            made.push(((*sh).clone(), hold));
+        }
+    }
+    // Some have expired (and have their event on the old master, maybe not
+    // yet on its replica), most are still running.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    doomed.child.kill().expect("SIGKILL the instance");
+    let _ = doomed.child.wait();
+    cluster().kill(master).expect("SIGKILL the master");
+    let killed = Instant::now();
+    cluster()
+        .wait_until_ok(Duration::from_secs(30))
+        .await
+        .expect("the replica is promoted");
+    let new_master = cluster()
+        .master_port_for_slot(slot)
+        .await
+        .expect("new master");
+    assert_ne!(new_master, master);
+    eprintln!("failover: new master after {:?}", killed.elapsed());
+
+    // Every hold has run out by now; the survivor's scan (every 10 s) or a
+    // keyspace notification of the new master finds the dead instance's.
+    let mut conn = common::node(new_master).await;
+    let expected = |streams: &HashMap<String, Vec<(String, String, String)>>| {
+        made.iter()
+            .filter(|(sh, h)| {
+                let r = hold_ref(h);
+                streams[sh].iter().any(|(_, t, rr)| t == "held" && *rr == r)
+            })
+            .count()
+    };
+    let mut streams = HashMap::new();
+    let until = Instant::now() + Duration::from_secs(40);
+    loop {
+        for sh in [&sa, &sb] {
+            streams.insert(sh.clone(), xrange(&mut conn, sh).await);
+        }
+        let expired = streams
+            .values()
+            .flatten()
+            .filter(|(_, t, _)| t == "expired")
+            .count();
+        if expired >= expected(&streams) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "{expired} expired events of {} kept holds after 40 s",
+            expected(&streams)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "failover: every kept hold had its expired event {:?} after the kill",
+        killed.elapsed()
+    );
+    // A duplicate written late would show now.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for sh in [&sa, &sb] {
+        streams.insert(sh.clone(), xrange(&mut conn, sh).await);
+    }
+    let mut lost = 0;
+    let mut late = 0i64;
+    for (sh, h) in &made {
+        let r = hold_ref(h);
+        let of = |kind: &str| {
+            streams[sh]
+                .iter()
+                .filter(|(_, t, rr)| t == kind && *rr == r)
+                .count()
+        };
+        let held = of("held");
+        let expired = streams[sh]
+            .iter()
+            .filter(|(_, t, rr)| t == "expired" && *rr == r)
+            .map(|(id, _, _)| id_ms(id))
+            .collect::<Vec<_>>();
+        match held {
+            1 => {
+                assert_eq!(
+                    expired.len(),
+                    1,
+                    "hold {r} of {sh}: {} expired events",
+                    expired.len()
+                );
+                late = late.max(expired[0] - iso_ms(h["expiresAt"].as_str().expect("expiresAt")));
+            }
+            0 => {
+                lost += 1;
+                assert!(expired.is_empty(), "hold {r} of {sh}: lost, yet expired");
+            }
+            n => panic!("hold {r} of {sh}: {n} held events"),
+        }
+    }
+    let others = streams
+        .values()
+        .flatten()
+        .filter(|(_, _, r)| !made.iter().any(|(_, h)| hold_ref(h) == *r))
+        .count();
+    assert_eq!(others, 0, "events of holds this test did not make");
+    eprintln!(
+        "failover: {} holds, {lost} lost with the master, latest expired event {late} ms after its expiry",
+        made.len()
+    );
+    assert!(
+        lost < made.len() / 2,
+        "the failover lost {lost} of {} holds",
+        made.len()
+    );
+
+    common::heal(&[], &[master]).await;
+    drop(survivor);
+}
+
+// ---------------------------------------------------------------------------
+// 3. Server-Sent Events.
+
+/// A subscriber connected before a hold gets its `held` frame fast (median
+/// under 100 ms, none over 500 ms, measured from the hold's answer), as
+/// `id:`, `event:` and `data:` lines with the contract's JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_delivers_held_fast_in_contract_frames() {
+    let _shared = common::shared().await;
+    let d = Daemon::start(&[]).await;
+    let api = Api::new(&d.base);
+    let sh = show("sse");
+    let (_, sub) = sse(&d.base, &sh, "", None).await;
+    let mut sub = sub.expect("subscribed");
+    let mut latencies = Vec::new();
+    let mut from_request = Vec::new();
+    for i in 0..20 {
+        let sent = Instant::now();
+        let hold = api
+            .hold(&sh, &[format!("L{i}"), format!("M{i}")], LONG_TTL)
+            .await;
+        let answered = Instant::now();
+        let (at, e) = sub
+            .event(Duration::from_secs(5))
+            .await
+            .expect("the held frame");
+        latencies.push(at.saturating_duration_since(answered));
+        from_request.push(at.saturating_duration_since(sent));
+        let id = id_of_fence(fence(&hold));
+        assert_eq!(
+            e,
+            json!({"id": id, "type": "held", "show": sh, "seats": [format!("L{i}"), format!("M{i}")],
+                   "holdRef": hold_ref(&hold), "fence": hold["fence"], "expiresAt": hold["expiresAt"],
+                   "at": e["at"]}),
+        );
+        let created = iso_ms(hold["expiresAt"].as_str().expect("expiresAt")) - LONG_TTL as i64;
+        assert_eq!(iso_ms(e["at"].as_str().expect("at")), created);
+        assert_eq!(id_ms(&id), created);
+    }
+    // Every type the hold routes write, in order.
+    let hold = api.hold(&sh, &["X1".to_owned()], LONG_TTL).await;
+    let path = format!("/v1/shows/{sh}/holds/{}", token(&hold));
+    assert_eq!(
+        api.call(
+            "POST",
+            &format!("{path}/extend"),
+            Some(json!({"ttlMs": 60_000}))
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        api.call("POST", &format!("{path}/confirm"), None).await.0,
+        200
+    );
+    let hold2 = api.hold(&sh, &["X2".to_owned()], LONG_TTL).await;
+    assert_eq!(
+        api.call(
+            "DELETE",
+            &format!("/v1/shows/{sh}/holds/{}", token(&hold2)),
+            None
+        )
+        .await
+        .0,
+        204
+    );
+    let kinds: Vec<(String, String)> = sub
+        .drain(Duration::from_millis(500))
+        .await
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap_or("").to_owned(),
+                e["holdRef"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    let (r1, r2) = (hold_ref(&hold), hold_ref(&hold2));
+    assert_eq!(
+        kinds,
+        [
+            ("held", &r1),
+            ("extended", &r1),
+            ("confirmed", &r1),
+            ("held", &r2),
+            ("released", &r2)
+        ]
+        .map(|(k, r)| (k.to_owned(), r.clone()))
+    );
+
+    latencies.sort();
+    let (median, max) = (
+        latencies[latencies.len() / 2],
+        latencies[latencies.len() - 1],
+    );
+    from_request.sort();
+    eprintln!(
+        "SSE held latency from the hold's answer: median {median:?}, max {max:?}; \
+         from its request: median {:?}, max {:?}",
+        from_request[from_request.len() / 2],
+        from_request[from_request.len() - 1]
+    );
+    assert!(
+        median < Duration::from_millis(100),
+        "median {median:?}: {latencies:?}"
+    );
+    assert!(
+        max < Duration::from_millis(500),
+        "max {max:?}: {latencies:?}"
+    );
+    let delivered = metric(&d, "seathold_event_delivery_seconds_count").await;
+    assert!(
+        delivered >= 25.0,
+        "seathold_event_delivery_seconds_count {delivered}"
+    );
+}
+
+/// A client that reconnects with `Last-Event-ID` (or `?after=`) gets exactly
+/// the events it missed, in order, then the live ones; also when events are
+/// being written while it connects (the reader pins its start before the
+/// client reads what it missed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_resumes_with_exactly_the_missed_events() {
+    let _shared = common::shared().await;
+    let d = Daemon::start(&[]).await;
+    let api = Api::new(&d.base);
+    let sh = show("resume");
+    let (_, sub) = sse(&d.base, &sh, "", None).await;
+    let mut sub = sub.expect("subscribed");
+    holds(&api, &sh, "A", 5, LONG_TTL).await;
+    let seen = sub.drain(Duration::from_millis(300)).await;
+    assert_eq!(seen.len(), 5);
+    // The client saw three, then went away.
+    let last = seen[2]["id"].as_str().expect("id").to_owned();
+    drop(sub);
+    holds(&api, &sh, "B", 5, LONG_TTL).await;
+    for (how, query, header) in [
+        ("Last-Event-ID", String::new(), Some(last.as_str())),
+        ("?after=", format!("?after={last}"), None),
+    ] {
+        let stored = api.all_events(&sh).await;
+        let missed: Vec<&Value> = stored
+            .iter()
+            .skip_while(|e| e["id"] != json!(last))
+            .skip(1)
+            .collect();
+        assert!(missed.len() >= 7);
+        let (status, sub) = sse(&d.base, &sh, &query, header).await;
+        assert_eq!(status, 200, "{how}");
+        let mut sub = sub.expect("subscribed");
+        let got = sub.drain(Duration::from_millis(300)).await;
+        assert_eq!(
+            got.iter().collect::<Vec<_>>(),
+            missed,
+            "{how}: what it missed"
+        );
+        // Then the live events.
+        let live = api.hold(&sh, &[format!("C-{}", how.len())], LONG_TTL).await;
+        let (_, e) = sub
+            .event(Duration::from_secs(5))
+            .await
+            .expect("the live event");
+        assert_eq!(e["holdRef"], json!(hold_ref(&live)), "{how}");
+        assert!(
+            sub.drain(Duration::from_millis(200)).await.is_empty(),
+            "{how}: more"
+        );
+    }
+
+    // Resuming while holds are written: each time a fresh show (a fresh
+    // reader); the events after the cursor arrive exactly once, in order.
+    for round in 0..8 {
+        let sh = show("race");
+        let first = api.hold(&sh, &["R0".to_owned()], LONG_TTL).await;
+        let after = id_of_fence(fence(&first));
+        let writer = {
+            let (api, sh) = (api.clone(), sh.clone());
+            tokio::spawn(async move { holds(&api, &sh, "W", 60, LONG_TTL).await })
+        };
+        tokio::time::sleep(Duration::from_millis(5 * round)).await;
+        let (_, sub) = sse(&d.base, &sh, &format!("?after={after}"), None).await;
+        let mut sub = sub.expect("subscribed");
+        writer.await.expect("writer");
+        let got: Vec<String> = sub
+            .drain(Duration::from_millis(500))
+            .await
+            .iter()
+            .map(|e| e["id"].as_str().unwrap_or("").to_owned())
+            .collect();
+        let want: Vec<String> = api
+            .all_events(&sh)
+            .await
+            .iter()
+            .skip(1)
+            .map(|e| e["id"].as_str().unwrap_or("").to_owned())
+            .collect();
+        assert_eq!(want.len(), 60);
+        assert_eq!(got, want, "round {round}: events after {after}");
+    }
+}
+
+/// A cursor older than what the stream still holds (trimmed by
+/// `--events-max-len`) is 410 `events_expired`, for SSE (`Last-Event-ID`,
+/// `?after=`) and polling alike; a cursor the stream still covers is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cursor_older_than_the_stream_is_410() {
+    let _shared = common::shared().await;
+    let d = Daemon::start(&["--events-max-len", "100"]).await;
+    let api = Api::new(&d.base);
+    let sh = show("trim");
+    // XADD MAXLEN ~ trims whole nodes of 100 entries: 400 events leave
+    // between 100 and 200.
+    let made = holds(&api, &sh, "T", 400, LONG_TTL).await;
+    let kept = api.all_events(&sh).await;
+    assert!((100..=200).contains(&kept.len()), "{} kept", kept.len());
+    let oldest = id_of_fence(fence(&made[0]));
+    let trimmed = made
+        .iter()
+        .map(|h| id_of_fence(fence(h)))
+        .filter(|id| id_key(id) < id_key(kept[0]["id"].as_str().expect("id")))
+        .max_by_key(|id| id_key(id))
+        .expect("a trimmed event");
+
+    for cursor in [&oldest, &trimmed] {
+        let (status, body) = api.page(&sh, &format!("after={cursor}")).await;
+        common::assert_error(status, &body, 410, "events_expired");
+        for (query, header) in [
+            (String::new(), Some(cursor.as_str())),
+            (format!("?after={cursor}"), None),
+        ] {
+            let (status, sub) = sse(&d.base, &sh, &query, header).await;
+            assert_eq!(status, 410, "SSE from {cursor} ({query:?}, {header:?})");
+            assert!(sub.is_none());
+        }
+    }
+    // The newest trimmed event is the last one a client may have seen and
+    // still resume from: every later one is kept.
+    let last_kept_cursor = kept[0]["id"].as_str().expect("id");
+    let (status, page) = api
+        .page(&sh, &format!("after={last_kept_cursor}&limit=1000"))
+        .await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(
+        page["events"].as_array().map(Vec::len),
+        Some(kept.len() - 1)
+    );
+    let (status, sub) = sse(&d.base, &sh, "", Some(last_kept_cursor)).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        sub.expect("subscribed")
+            .drain(Duration::from_millis(300))
+            .await
+            .len(),
+        kept.len() - 1
+    );
+    // "0-0" means "whatever is kept": never 410.
+    assert_eq!(api.page(&sh, "after=0-0").await.0, 200);
+}
+
+/// A multi-show hold gives every show's `held` event one id, the largest;
+/// a stream whose event got a smaller id has it deleted and written again
+/// (XDEL). That loses nothing: a poller or subscriber whose cursor is before
+/// the rewritten event is not told 410. Here the other show's stream is
+/// ahead of the clock, as after a failover to a master whose clock is
+/// behind.
+#[tokio::test]
+async fn a_rewritten_multi_show_event_expires_no_cursor() {
+    let _shared = common::shared().await;
+    let d = Daemon::start(&[]).await;
+    let api = Api::new(&d.base);
+    let ks = seathold::keys::KeySpace::new("seat-hold:");
+    let base = show("rw");
+    let a = format!("{base}-a");
+    let slot = ks.show_slot(&a);
+    let b = (0..200_000)
+        .map(|i| format!("{base}-{i}"))
+        .find(|b| ks.show_slot(b) == slot)
+        .expect("a show in the same slot");
+    let first = api.hold(&a, &["A0".to_owned()], LONG_TTL).await;
+    let cursor = id_of_fence(fence(&first));
+    // b's stream 5 s ahead of the master's clock.
+    let ahead = id_ms(&cursor) + 5_000;
+    let mut r = common::redis().await;
+    let _: String = redis::cmd("XADD")
+        .arg(ks.events(&b))
+        .arg(format!("{ahead}-0"))
+        .arg("t")
+        .arg("held")
+        .arg("r")
+        .arg("0000000000000000")
+        .arg("s")
+        .arg("Z0")
+        .arg("l")
+        .arg(LONG_TTL)
+        .query_async(&mut r)
+        .await
+        .expect("XADD");
+    let (status, both) = api
+        .call(
+            "POST",
+            "/v1/holds",
+            Some(json!({"seats": [{"show": a, "seat": "A1"}, {"show": b, "seat": "B1"}], "ttlMs": LONG_TTL})),
+        )
+        .await;
+    assert_eq!(status, 201, "{both}");
+    assert_eq!(id_of_fence(fence(&both)), format!("{ahead}-1"));
+    let (status, page) = api.page(&a, &format!("after={cursor}")).await;
+    assert_eq!(status, 200, "{page}");
+    let events = page["events"].as_array().expect("events");
+    assert_eq!(events.len(), 1, "{page}");
+    assert_eq!(events[0]["id"], json!(format!("{ahead}-1")));
+    assert_eq!(events[0]["seats"], json!(["A1"]));
+    let (status, sub) = sse(&d.base, &a, "", Some(&cursor)).await;
+    assert_eq!(status, 200);
+    let got = sub
+        .expect("subscribed")
+        .drain(Duration::from_millis(300))
+        .await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0]["holdRef"], json!(hold_ref(&both)));
+}
+
+/// Clients that stop reading (raw TCP clients that never read after the
+/// headers) are disconnected by the server and counted in
+/// `seathold_event_subscribers_dropped_total`, while a reading client gets
+/// every event and the daemon's RSS stays bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_stop_reading_are_disconnected_and_memory_stays_bounded() {
+    let _shared = common::shared().await;
+    let d = Daemon::start(&["--max-seats-per-hold", "100", "--events-max-len", "100"]).await;
+    let api = Api::new(&d.base);
+    let sh = show("slow");
+    let slow_clients = 20;
+    let mut stuck = Vec::new();
+    for _ in 0..slow_clients {
+        stuck.push(raw_sse(d.addr, &sh, Some(4096)).await);
+    }
+    let (_, reader) = sse(&d.base, &sh, "", None).await;
+    let mut reader = reader.expect("subscribed");
+    let dropped_before = metric(&d, "seathold_event_subscribers_dropped_total").await;
+    let rss_before = rss(d.pid());
+
+    // 800 events of 100 long seat ids each (about 7 kB of JSON per frame):
+    // 5.6 MB per client, 110 MB if the stuck ones were buffered.
+    let n = 800;
+    let seat = |i: usize, j: usize| format!("{i:04}-{j:03}-{}", "x".repeat(50));
+    let received = tokio::spawn(async move {
+        let mut count = 0;
+        while count < n {
+            match reader.event(Duration::from_secs(20)).await {
+                Some(_) => count += 1,
+                None => break,
+            }
+        }
+        count
+    });
+    let mut peak = rss_before;
+    futures_util::stream::iter(0..n)
+        .map(|i| {
+            let (api, sh) = (api.clone(), sh.clone());
+            async move {
+                let seats: Vec<String> = (0..100).map(|j| seat(i, j)).collect();
+                api.hold(&sh, &seats, LONG_TTL).await;
+            }
+        })
+        .buffer_unordered(4)
+        .enumerate()
+        .for_each(|(i, ())| {
+            if i % 50 == 0 {
+                peak = peak.max(rss(d.pid()));
+            }
+            async {}
+        })
+        .await;
+    assert_eq!(
+        received.await.expect("reader"),
+        n,
+        "the reading client's events"
+    );
+    eventually(
+        Duration::from_secs(10),
+        "every stuck client dropped",
+        || async {
+            metric(&d, "seathold_event_subscribers_dropped_total").await - dropped_before
+                >= slow_clients as f64
+        },
+    )
+    .await;
+    let rss_after = rss(d.pid());
+    peak = peak.max(rss_after);
+    eprintln!(
+        "RSS: {} MB before, {} MB peak, {} MB after ({slow_clients} stuck clients, {n} events of ~7 kB)",
+        rss_before >> 20,
+        peak >> 20,
+        rss_after >> 20
+    );
+    assert!(
+        peak < rss_before + (48 << 20),
+        "RSS grew from {} MB to {} MB",
+        rss_before >> 20,
+        peak >> 20
+    );
+
+    // The server closed them: what was buffered, then the end.
+    for (i, mut s) in stuck.into_iter().enumerate() {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut total = 0usize;
+        let closed = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => total += n,
+                }
+            }
+        })
+        .await;
+        assert!(
+            closed.is_ok(),
+            "stuck client {i} still open after reading {total} bytes"
+        );
+    }
+    // The reading client has gone too (its task ended with its last event).
+    eventually(Duration::from_secs(5), "no subscriber left", || async {
+        metric(&d, "seathold_event_subscribers").await == 0.0
+    })
+    .await;
+}
+
+/// 1,000 SSE clients of one show on one instance cost one Redis reader:
+/// `seathold_event_readers` is 1, and the slot's master lists exactly one
+/// connection of this daemon in XREAD; every client gets the event; the
+/// subscriber gauge goes to 1,000 and back to 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_subscribers_share_one_reader() {
+    let _shared = common::shared().await;
+    let d = Daemon::start(&[]).await;
+    let api = Api::new(&d.base);
+    let sh = show("many");
+    let (_, master) = common::slot_and_master(&sh).await;
+    let mut clients: Vec<TcpStream> = futures_util::stream::iter(0..1000)
+        .map(|_| raw_sse(d.addr, &sh, None))
+        .buffer_unordered(50)
+        .collect()
+        .await;
+    assert_eq!(metric(&d, "seathold_event_subscribers").await, 1000.0);
+    assert_eq!(metric(&d, "seathold_event_readers").await, 1.0);
+
+    // The daemon's connections on the slot's master: exactly one reads the
+    // stream, and it blocks there.
+    let ports = local_ports(d.pid());
+    let mine = |list: &[BTreeMap<String, String>]| -> Vec<BTreeMap<String, String>> {
+        list.iter()
+            .filter(|c| {
+                c.get("addr")
+                    .and_then(|a| a.rsplit(':').next())
+                    .and_then(|p| p.parse::<u16>().ok())
+                    .is_some_and(|p| ports.contains(&p))
+            })
+            .cloned()
+            .collect()
+    };
+    let mut blocked = false;
+    for _ in 0..50 {
+        let conns = mine(&common::client_list(master).await);
+        assert!(!conns.is_empty(), "no connection of the daemon on {master}");
+        let readers: Vec<_> = conns
+            .iter()
+            .filter(|c| c.get("cmd").map(String::as_str) == Some("xread"))
+            .collect();
+        assert_eq!(
+            readers.len(),
+            1,
+            "XREAD connections of the daemon: {readers:?}"
+        );
+        if readers[0].get("flags").is_some_and(|f| f.contains('b')) {
+            blocked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(blocked, "the reader never seen blocked in XREAD");
+
+    let hold = api.hold(&sh, &["E7".to_owned()], LONG_TTL).await;
+    let r = hold_ref(&hold);
+    let started = Instant::now();
+    for (i, c) in clients.iter_mut().enumerate() {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 2048];
+        while !String::from_utf8_lossy(&seen).contains(&r) {
+            let n = tokio::time::timeout(Duration::from_secs(10), c.read(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("client {i} got no event"))
+                .expect("read");
+            assert!(n > 0, "client {i} closed");
+            seen.extend_from_slice(&buf[..n]);
+        }
+    }
+    eprintln!(
+        "1000 subscribers all had the event {:?} after the hold",
+        started.elapsed()
+    );
+    drop(clients);
+    eventually(Duration::from_secs(10), "the gauges back to 0", || async {
+        let m = scrape(&d.metrics().await);
+        m.get("seathold_event_subscribers") == Some(&0.0)
+            && m.get("seathold_event_readers") == Some(&0.0)
+    })
+    .await;
+}
+
+/// With `--sse-heartbeat-ms 200`, an idle stream gets `: keep-alive`
+/// comments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_streams_get_heartbeats() {
+    let _shared = common::shared().await;
+    let d = Daemon::start(&["--sse-heartbeat-ms", "200"]).await;
+    let sh = show("beat");
+    let (_, sub) = sse(&d.base, &sh, "", None).await;
+    let mut sub = sub.expect("subscribed");
+    let started = Instant::now();
+    let mut beats = Vec::new();
+    while started.elapsed() < Duration::from_millis(1_100) {
+        if let Some((at, f)) = sub.next(Duration::from_millis(300)).await {
+            assert!(f.data.is_none(), "an event on an idle show: {f:?}");
+            assert_eq!(f.comments, ["keep-alive"], "{f:?}");
+            beats.push(at.duration_since(started));
+        }
+    }
+    assert!(
+        (4..=6).contains(&beats.len()),
+        "heartbeats in 1.1 s: {beats:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 4. Polling, and events off.
+
+/// `{"events":[…],"next":"<id>"}`: `next` continues without gaps or repeats,
+/// also while events are written between pages; `limit` outside 1-1000 is
+/// 400.
+#[tokio::test]
+async fn polling_pages_continue_without_gaps_or_repeats() {
+    let _shared = common::shared().await;
+    let d = Daemon::start(&[]).await;
+    let api = Api::new(&d.base);
+    let sh = show("poll");
+    for bad in ["limit=0", "limit=1001", "limit=-1", "limit=x", "after=nope"] {
+        let (status, body) = api.page(&sh, bad).await;
+        common::assert_error(status, &body, 400, "invalid_request");
+    }
+    // A show without events: nothing, and "next" to start from.
+    let (status, empty) = api.page(&sh, "limit=1000").await;
+    assert_eq!(status, 200);
+    assert_eq!(empty, json!({"events": [], "next": "0-0"}));
+
+    let made = holds(&api, &sh, "P", 23, LONG_TTL).await;
+    for h in made.iter().take(4) {
+        let path = format!("/v1/shows/{sh}/holds/{}", token(h));
+        assert_eq!(api.call("DELETE", &path, None).await.0, 204);
+    }
+    let mut got: Vec<Value> = Vec::new();
+    let mut next: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let query = match &next {
+            Some(n) => format!("after={n}&limit=5"),
+            None => "limit=5".to_owned(),
+        };
+        let (status, page) = api.page(&sh, &query).await;
+        assert_eq!(status, 200, "{page}");
+        let obj = page.as_object().expect("an object");
+        assert_eq!(obj.keys().collect::<Vec<_>>(), ["events", "next"]);
+        let events = page["events"].as_array().expect("events");
+        assert!(events.len() <= 5);
+        if events.is_empty() {
+            assert_eq!(
+                page["next"].as_str(),
+                next.as_deref(),
+                "an empty page keeps the cursor"
+            );
+            break;
+        }
+        assert_eq!(page["next"], events[events.len() - 1]["id"]);
+        got.extend(events.iter().cloned());
+        next = page["next"].as_str().map(str::to_owned);
+        pages += 1;
+        assert!(pages <= 10, "30 events in pages of 5 never end: {got:?}");
+        // Written between two pages: the poller continues into them.
+        if pages == 2 {
+            holds(&api, &sh, "Q", 3, LONG_TTL).await;
+        }
+    }
+    let want = xrange(&mut common::redis().await, &sh).await;
+    assert_eq!(want.len(), 30);
+    let ids: Vec<&str> = got.iter().map(|e| e["id"].as_str().unwrap_or("")).collect();
+    assert_eq!(
+        ids,
+        want.iter()
+            .map(|(id, _, _)| id.as_str())
+            .collect::<Vec<_>>()
+    );
+    for e in &got {
+        let keys: Vec<&String> = e.as_object().expect("event").keys().collect();
+        let want_keys = match e["type"].as_str() {
+            Some("held") => vec![
+                "at",
+                "expiresAt",
+                "fence",
+                "holdRef",
+                "id",
+                "seats",
+                "show",
+                "type",
+            ],
+            _ => vec!["at", "fence", "holdRef", "id", "seats", "show", "type"],
+        };
+        let mut keys: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, want_keys, "{e}");
+    }
+    // The most a page may hold.
+    let (status, page) = api.page(&sh, "limit=1000").await;
+    assert_eq!(status, 200);
+    assert_eq!(page["events"].as_array().map(Vec::len), Some(30));
+}
+
+/// With `--events off`, `/events` is 404 and no hold route writes a stream
+/// or a deadline index.
+#[tokio::test]
+async fn events_off_has_no_route_and_writes_no_stream() {
+    let _shared = common::shared().await;
+    let d = Daemon::start(&["--events", "off"]).await;
+    let api = Api::new(&d.base);
+    let sh = show("off");
+    let (status, body) = api.page(&sh, "").await;
+    common::assert_error(status, &body, 404, "not_found");
+    let (status, _) = sse(&d.base, &sh, "", None).await;
+    assert_eq!(status, 404);
+
+    let a = api
+        .hold(&sh, &["A1".to_owned(), "A2".to_owned()], LONG_TTL)
+        .await;
+    let b = api.hold(&sh, &["B1".to_owned()], LONG_TTL).await;
+    let c = api.hold(&sh, &["C1".to_owned()], LONG_TTL).await;
+    let path = |h: &Value| format!("/v1/shows/{sh}/holds/{}", token(h));
+    assert_eq!(
+        api.call(
+            "POST",
+            &format!("{}/extend", path(&a)),
+            Some(json!({"ttlMs": 60_000}))
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        api.call("POST", &format!("{}/confirm", path(&b)), None)
+            .await
+            .0,
+        200
+    );
+    assert_eq!(api.call("DELETE", &path(&c), None).await.0, 204);
+
+    let ks = seathold::keys::KeySpace::new("seat-hold:");
+    let mut r = common::redis().await;
+    let exists: u64 = redis::cmd("EXISTS")
+        .arg(ks.events(&sh))
+        .arg(ks.deadlines(&sh))
+        .query_async(&mut r)
+        .await
+        .expect("EXISTS");
+    assert_eq!(exists, 0, "a stream or deadline index with events off");
+    let (count, keys) = common::keys_in_slot(ks.show_slot(&sh)).await;
+    let tag = format!("{{show:{sh}}}");
+    let ours: Vec<&String> = keys.iter().filter(|k| k.contains(&tag)).collect();
+    assert!(count >= ours.len() as u64);
+    assert!(
+        ours.iter()
+            .all(|k| !k.ends_with("#events") && !k.ends_with("#deadlines")),
+        "{ours:?}"
+    );
+    assert!(!ours.is_empty(), "the holds wrote their keys");
+}
