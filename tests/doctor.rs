@@ -96,8 +96,9 @@ fn a_well_set_cluster_passes_every_check() {
     assert!(line(&report, "cluster-node-timeout").contains("\"5000\""));
     assert!(line(&report, "clocks").contains("the 3 masters' clocks are within"));
     let scripts = seathold::scripts::Scripts::embedded().all().len();
-    assert!(line(&report, "scripts")
-        .contains(&format!("all {scripts} scripts of lua/ load on all 3 masters")));
+    assert!(line(&report, "scripts").contains(&format!(
+        "all {scripts} scripts of lua/ load on all 3 masters"
+    )));
     let acl: Vec<_> = report.lines().filter(|l| l.contains("  acl ")).collect();
     assert_eq!(acl.len(), 3, "one ACL line per master:\n{report}");
     for l in acl {

@@ -52,7 +52,10 @@ fn tries(key: &str) -> Vec<Try> {
         t("+pttl", &["PTTL", key]),
         t("+pexpiretime", &["PEXPIRETIME", key]),
         t("+pexpireat", &["PEXPIREAT", key, "99999999999999"]),
-        t("+xadd", &["XADD", stream, "MAXLEN", "~", "100", "*", "t", "doctor"]),
+        t(
+            "+xadd",
+            &["XADD", stream, "MAXLEN", "~", "100", "*", "t", "doctor"],
+        ),
         t("+xrange", &["XRANGE", stream, "-", "+", "COUNT", "1"]),
         t("+xrevrange", &["XREVRANGE", stream, "+", "-", "COUNT", "1"]),
         t("+xread", &["XREAD", "COUNT", "1", "STREAMS", stream, "0-0"]),
