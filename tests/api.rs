@@ -817,6 +817,21 @@ async fn routes_methods_and_probes() {
     common::assert_error(status, &body, 405, "method_not_allowed");
     assert_eq!(s.get("/healthz").await.0, 200);
     assert_eq!(s.get("/readyz").await.0, 200);
+    // The OpenAPI document, as compiled in.
+    let r = s
+        .http
+        .get(format!("{}/openapi.json", s.base))
+        .send()
+        .await
+        .expect("openapi.json");
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        r.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("application/json")
+    );
+    assert_eq!(r.text().await.expect("body"), seathold::http::OPENAPI);
     let metrics = s.metrics().await;
     assert!(metrics.contains("seathold_holds_total"), "{metrics}");
     assert!(metrics.contains("seathold_cluster_ready 1"), "{metrics}");

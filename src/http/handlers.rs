@@ -41,9 +41,12 @@ pub(super) async fn serve(
         Route::Seat { show, seat } => seat_state(&req, ShowId::parse(show)?, seat).await,
         Route::Seats { show } => seat_states(&req, ShowId::parse(show)?).await,
         Route::Events { show } => events(&req, ShowId::parse(show)?).await,
-        Route::Healthz | Route::Readyz | Route::Metrics | Route::Ui { .. } | Route::Unknown => {
-            Err(Error::NotFound)
-        }
+        Route::Healthz
+        | Route::Readyz
+        | Route::Metrics
+        | Route::OpenApi
+        | Route::Ui { .. }
+        | Route::Unknown => Err(Error::NotFound),
     }
 }
 
