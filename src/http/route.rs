@@ -200,6 +200,7 @@ impl<'p> Route<'p> {
     /// The `Allow` header of a 405 on this route.
     pub fn allow_header(&self) -> &'static str {
         match self.methods() {
+            [Method::GET, Method::HEAD] => "GET, HEAD",
             [Method::GET, Method::DELETE] => "GET, DELETE",
             [Method::POST] => "POST",
             _ => "GET",
@@ -274,7 +275,8 @@ mod tests {
         assert_eq!(hold.allow_header(), "GET, DELETE");
         assert!(Route::Healthz.allows(&Method::HEAD));
         assert!(!Route::Metrics.allows(&Method::HEAD));
-        assert_eq!(Route::Readyz.allow_header(), "GET");
+        assert_eq!(Route::Readyz.allow_header(), "GET, HEAD");
+        assert_eq!(Route::Metrics.allow_header(), "GET");
         assert_eq!(Route::MultiHold.allow_header(), "POST");
     }
 
@@ -337,5 +339,10 @@ mod tests {
             routed, documented,
             "the router (left) and docs/openapi.json (right) differ"
         );
+        // A 405's `Allow` names exactly the methods documented.
+        for r in ALL {
+            let allow: BTreeSet<String> = r.allow_header().split(", ").map(str::to_owned).collect();
+            assert_eq!(allow, documented[r.template()], "Allow of {}", r.template());
+        }
     }
 }
