@@ -171,6 +171,11 @@ fn show_seat_pairs(seats: Option<&Value>) -> Option<Vec<(&str, &str)>> {
 fn expected(method: &str, path: &str, ctype: Option<&str>, body: &[u8]) -> Expect {
     let (path, query) = path.split_once('?').unwrap_or((path, ""));
     let segs: Vec<&str> = path.strip_prefix('/').unwrap_or(path).split('/').collect();
+    // An empty segment (`//`, a trailing slash) matches no route, whatever
+    // route the other segments look like (src/http/route.rs).
+    if segs.iter().any(|s| s.is_empty()) {
+        return Expect::Exactly(404, "not_found");
+    }
     let (methods, show, kind): (&[&str], Option<&str>, &str) = match segs.as_slice() {
         ["healthz"] | ["readyz"] => (&["GET", "HEAD"], None, "probe"),
         ["metrics"] => (&["GET"], None, "probe"),
