@@ -84,11 +84,13 @@ enum Expect {
 }
 
 /// The `ttlMs` rule: absent or null, or a positive integer of at most
-/// `--max-ttl-ms`.
+/// `--max-ttl-ms`, written with or without a fraction of zero (`60000.0`).
 fn ttl_ok(v: Option<&Value>) -> bool {
     match v {
         None | Some(Value::Null) => true,
-        Some(v) => v.as_u64().is_some_and(|t| (1..=MAX_TTL_MS).contains(&t)),
+        Some(v) => v
+            .as_f64()
+            .is_some_and(|t| t.fract() == 0.0 && (1.0..=MAX_TTL_MS as f64).contains(&t)),
     }
 }
 
