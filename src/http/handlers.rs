@@ -260,14 +260,17 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
             .map(|(_, v)| v.into_owned())
     };
     let parse_id = |raw: &str| {
-        EventId::parse(raw.trim())
+        EventId::from_cursor(raw)
             .ok_or_else(|| Error::InvalidRequest(format!("{raw:?} is not an event id")))
     };
-    let resume = match req.head.headers.get("last-event-id") {
-        Some(v) => Some(v.to_str().unwrap_or_default().to_owned()),
-        None => param("after"),
+    // Both cursors must be valid when both are sent; `Last-Event-ID` (what
+    // an EventSource sends when it reconnects) wins.
+    let after_param = param("after").as_deref().map(parse_id).transpose()?;
+    let last_event_id = match req.head.headers.get("last-event-id") {
+        Some(v) => Some(parse_id(v.to_str().unwrap_or_default())?),
+        None => None,
     };
-    let after = resume.as_deref().map(parse_id).transpose()?;
+    let after = last_event_id.or(after_param);
     let wants_stream = req
         .head
         .headers
