@@ -1041,3 +1041,44 @@ async fn counters_summed_over_two_instances_are_the_true_figures() {
         assert_eq!(moved, 5.0, "instance {i} granted {moved} holds");
     }
 }
+
+/// The event routes' parameters are checked whatever the form (page or
+/// SSE), both cursors when both are sent, and exactly as the OpenAPI
+/// document has them.
+#[tokio::test]
+async fn event_cursors_and_limits_are_checked() {
+    let s = server().await;
+    let sh = show("cursors");
+    s.hold(&sh, &["C1"]).await;
+    let events = format!("/v1/shows/{sh}/events");
+    let (status, page) = s.get(&format!("{events}?after=0&limit=5")).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["events"][0]["type"], "held", "{page}");
+    let send = |query: &str, last_event_id: Option<&str>, sse: bool| {
+        let mut req = s.http.get(format!("{}{events}?{query}", s.base));
+        if let Some(id) = last_event_id {
+            req = req.header("last-event-id", id);
+        }
+        if sse {
+            req = req.header("accept", "text/event-stream");
+        }
+        req.send()
+    };
+    for (query, last_event_id, sse) in [
+        ("after=%2B5", None, false),
+        ("after=%205", None, false),
+        ("after=5-", None, false),
+        ("after=12345678901234567890", None, false),
+        ("after=", Some("5-0"), false),
+        ("after=x", Some("5-0"), true),
+        ("", Some("+5"), true),
+        ("limit=0", None, false),
+        ("limit=%2B5", None, false),
+        ("limit=1001", None, true),
+    ] {
+        let r = send(query, last_event_id, sse).await.expect("events");
+        let status = r.status().as_u16();
+        let body: Value = r.json().await.expect("json");
+        common::assert_error(status, &body, 400, "invalid_request");
+    }
+}

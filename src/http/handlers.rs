@@ -271,6 +271,18 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
         None => None,
     };
     let after = last_event_id.or(after_param);
+    // Checked for both forms, though only a page uses it.
+    let limit = match param("limit") {
+        None => 100,
+        Some(raw) => match raw.parse::<usize>() {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) && raw.bytes().all(|b| b.is_ascii_digit()) => n,
+            _ => {
+                return Err(Error::InvalidRequest(format!(
+                    "limit must be an integer from 1 to {MAX_LIMIT}"
+                )))
+            }
+        },
+    };
     let wants_stream = req
         .head
         .headers
@@ -301,17 +313,6 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
         headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
         return Ok(resp);
     }
-    let limit = match param("limit") {
-        None => 100,
-        Some(raw) => match raw.parse::<usize>() {
-            Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
-            _ => {
-                return Err(Error::InvalidRequest(format!(
-                    "limit must be an integer from 1 to {MAX_LIMIT}"
-                )))
-            }
-        },
-    };
     let cursor = Cursor::After(after.unwrap_or(EventId::ZERO));
     let (page, newest) = read(cluster, keys, &req.deadline(), &show, cursor, limit).await?;
     let next = match (page.last(), after) {
