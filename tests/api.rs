@@ -1082,3 +1082,32 @@ async fn event_cursors_and_limits_are_checked() {
         common::assert_error(status, &body, 400, "invalid_request");
     }
 }
+
+/// `ttlMs` is a JSON number without a fraction, however it is written.
+#[tokio::test]
+async fn ttl_with_a_zero_fraction_is_an_integer() {
+    let s = server().await;
+    let sh = show("ttlfloat");
+    let (status, hold) = s
+        .post(
+            &format!("/v1/shows/{sh}/holds"),
+            json!({"seats": ["F1"], "ttlMs": 60000.0}),
+        )
+        .await;
+    assert_eq!(status, 201, "{hold}");
+    let left = hold["expiresInMs"].as_i64().expect("expiresInMs");
+    assert!((50_000..=60_000).contains(&left), "{hold}");
+    let token = hold["holdToken"].as_str().expect("token");
+    let r = s
+        .http
+        .post(format!("{}/v1/shows/{sh}/holds/{token}/extend", s.base))
+        .header("content-type", "application/json")
+        .body(r#"{"ttlMs":9e4}"#)
+        .send()
+        .await
+        .expect("extend");
+    assert_eq!(r.status().as_u16(), 200);
+    let body: Value = r.json().await.expect("json");
+    let left = body["expiresInMs"].as_i64().expect("expiresInMs");
+    assert!((80_000..=90_000).contains(&left), "{body}");
+}
