@@ -172,7 +172,19 @@ fn show_seat_pairs(seats: Option<&Value>) -> Option<Vec<(&str, &str)>> {
 /// An independent statement of the contract for one request.
 fn expected(method: &str, path: &str, ctype: Option<&str>, body: &[u8]) -> Expect {
     let (path, query) = path.split_once('?').unwrap_or((path, ""));
-    let segs: Vec<&str> = path.strip_prefix('/').unwrap_or(path).split('/').collect();
+    // Segments are percent-decoded before routing (`/v1/shows/4%32` is show
+    // `42`); one that does not decode to UTF-8 is kept as sent.
+    let decoded: Vec<std::borrow::Cow<'_, str>> = path
+        .strip_prefix('/')
+        .unwrap_or(path)
+        .split('/')
+        .map(|s| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8()
+                .unwrap_or(std::borrow::Cow::Borrowed(s))
+        })
+        .collect();
+    let segs: Vec<&str> = decoded.iter().map(|s| s.as_ref()).collect();
     // An empty segment (`//`, a trailing slash) matches no route, whatever
     // route the other segments look like (src/http/route.rs).
     if segs.iter().any(|s| s.is_empty()) {
