@@ -13,7 +13,8 @@
 //! - [`config`]: the command line and environment, and its checks.
 //! - [`server`]: accept loop, graceful shutdown, `seathold dev`'s banner.
 //! - [`tasks`]: background tasks, started and stopped the same way.
-//! - [`http`]: routes and their methods, bodies, one handler per route.
+//! - [`http`]: routes and their methods, bodies, one handler per route, and
+//!   the OpenAPI document of them all (`docs/openapi.json`), compiled in.
 //! - [`ids`]: show, seat and token ids, parsed once at the HTTP edge.
 //! - [`idempotency`]: `Idempotency-Key`s, request fingerprints, recorded outcomes.
 //! - [`model`]: every body the API answers with, typed.

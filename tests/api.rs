@@ -768,6 +768,21 @@ async fn routes_methods_and_probes() {
     common::assert_error(status, &body, 405, "method_not_allowed");
     assert_eq!(s.get("/healthz").await.0, 200);
     assert_eq!(s.get("/readyz").await.0, 200);
+    // The OpenAPI document, as compiled in.
+    let r = s
+        .http
+        .get(format!("{}/openapi.json", s.base))
+        .send()
+        .await
+        .expect("openapi.json");
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        r.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("application/json")
+    );
+    assert_eq!(r.text().await.expect("body"), seathold::http::OPENAPI);
     let metrics = s.metrics().await;
     assert!(metrics.contains("seathold_holds_total"), "{metrics}");
     assert!(metrics.contains("seathold_cluster_ready 1"), "{metrics}");
@@ -980,4 +995,74 @@ async fn counters_summed_over_two_instances_are_the_true_figures() {
             - b.get("seathold_holds_total").copied().unwrap_or(0.0);
         assert_eq!(moved, 5.0, "instance {i} granted {moved} holds");
     }
+}
+
+/// The event routes' parameters are checked whatever the form (page or
+/// SSE), both cursors when both are sent, and exactly as the OpenAPI
+/// document has them.
+#[tokio::test]
+async fn event_cursors_and_limits_are_checked() {
+    let s = server().await;
+    let sh = show("cursors");
+    s.hold(&sh, &["C1"]).await;
+    let events = format!("/v1/shows/{sh}/events");
+    let (status, page) = s.get(&format!("{events}?after=0&limit=5")).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["events"][0]["type"], "held", "{page}");
+    let send = |query: &str, last_event_id: Option<&str>, sse: bool| {
+        let mut req = s.http.get(format!("{}{events}?{query}", s.base));
+        if let Some(id) = last_event_id {
+            req = req.header("last-event-id", id);
+        }
+        if sse {
+            req = req.header("accept", "text/event-stream");
+        }
+        req.send()
+    };
+    for (query, last_event_id, sse) in [
+        ("after=%2B5", None, false),
+        ("after=%205", None, false),
+        ("after=5-", None, false),
+        ("after=12345678901234567890", None, false),
+        ("after=", Some("5-0"), false),
+        ("after=x", Some("5-0"), true),
+        ("", Some("+5"), true),
+        ("limit=0", None, false),
+        ("limit=%2B5", None, false),
+        ("limit=1001", None, true),
+    ] {
+        let r = send(query, last_event_id, sse).await.expect("events");
+        let status = r.status().as_u16();
+        let body: Value = r.json().await.expect("json");
+        common::assert_error(status, &body, 400, "invalid_request");
+    }
+}
+
+/// `ttlMs` is a JSON number without a fraction, however it is written.
+#[tokio::test]
+async fn ttl_with_a_zero_fraction_is_an_integer() {
+    let s = server().await;
+    let sh = show("ttlfloat");
+    let (status, hold) = s
+        .post(
+            &format!("/v1/shows/{sh}/holds"),
+            json!({"seats": ["F1"], "ttlMs": 60000.0}),
+        )
+        .await;
+    assert_eq!(status, 201, "{hold}");
+    let left = hold["expiresInMs"].as_i64().expect("expiresInMs");
+    assert!((50_000..=60_000).contains(&left), "{hold}");
+    let token = hold["holdToken"].as_str().expect("token");
+    let r = s
+        .http
+        .post(format!("{}/v1/shows/{sh}/holds/{token}/extend", s.base))
+        .header("content-type", "application/json")
+        .body(r#"{"ttlMs":9e4}"#)
+        .send()
+        .await
+        .expect("extend");
+    assert_eq!(r.status().as_u16(), 200);
+    let body: Value = r.json().await.expect("json");
+    let left = body["expiresInMs"].as_i64().expect("expiresInMs");
+    assert!((80_000..=90_000).contains(&left), "{body}");
 }

@@ -51,6 +51,18 @@ impl EventId {
         })
     }
 
+    /// Parses a client's cursor (`?after=`, `Last-Event-ID`): `<ms>-<seq>`
+    /// or `<ms>`, each 1-19 ASCII digits and nothing else (no sign, no
+    /// white space), as the OpenAPI document's `EventCursor` says.
+    pub fn from_cursor(raw: &str) -> Option<Self> {
+        let digits = |s: &str| (1..=19).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit());
+        let (ms, seq) = raw.split_once('-').unwrap_or((raw, "0"));
+        if !(digits(ms) && digits(seq)) {
+            return None;
+        }
+        Self::parse(raw)
+    }
+
     /// The fence of the hold whose `held` event has this id (see
     /// `lua/hold.lua`): ms x 1000 + sequence.
     pub fn fence(self) -> i64 {
@@ -230,6 +242,29 @@ mod tests {
         assert_eq!(id.to_string(), "1764504000000-7");
         assert_eq!(EventId::parse("5"), Some(EventId { ms: 5, seq: 0 }));
         assert!(EventId::parse("x-1").is_none());
+        assert_eq!(EventId::from_cursor("5"), Some(EventId { ms: 5, seq: 0 }));
+        assert_eq!(EventId::from_cursor("5-7"), Some(EventId { ms: 5, seq: 7 }));
+        assert_eq!(
+            EventId::from_cursor("9999999999999999999-9999999999999999999"),
+            Some(EventId {
+                ms: 9_999_999_999_999_999_999,
+                seq: 9_999_999_999_999_999_999
+            })
+        );
+        for bad in [
+            "",
+            "+5",
+            " 5",
+            "5 ",
+            "5-",
+            "-5",
+            "5--1",
+            "5-+1",
+            "a",
+            "12345678901234567890",
+        ] {
+            assert_eq!(EventId::from_cursor(bad), None, "{bad:?}");
+        }
         assert!(EventId::parse("1764504000000-7") > EventId::parse("1764504000000-6"));
     }
 

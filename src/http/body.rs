@@ -151,15 +151,21 @@ pub struct TtlBody {
 
 /// `ttlMs` must be a positive integer; its range is the service's rule.
 /// Any JSON value is accepted by the decoder so that a wrong type answers
-/// `invalid_ttl`, not `invalid_request`.
+/// `invalid_ttl`, not `invalid_request`. An integer is a number without a
+/// fractional part however it is written (`60000`, `60000.0`, `6e4`), as
+/// JSON Schema's `integer` (and so the OpenAPI document) has it.
 pub fn ttl(value: Option<serde_json::Value>) -> Result<Option<u64>, Error> {
+    let invalid = || Error::InvalidTtl("ttlMs must be a positive integer".into());
     match value {
         None | Some(serde_json::Value::Null) => Ok(None),
-        Some(serde_json::Value::Number(n)) => match n.as_u64() {
-            Some(v) if v > 0 => Ok(Some(v)),
-            _ => Err(Error::InvalidTtl("ttlMs must be a positive integer".into())),
+        Some(serde_json::Value::Number(n)) => match (n.as_u64(), n.as_f64()) {
+            (Some(v), _) if v > 0 => Ok(Some(v)),
+            (Some(_), _) => Err(invalid()),
+            // Saturates past u64::MAX, which is over any --max-ttl-ms.
+            (None, Some(f)) if f >= 1.0 && f.fract() == 0.0 => Ok(Some(f as u64)),
+            _ => Err(invalid()),
         },
-        Some(_) => Err(Error::InvalidTtl("ttlMs must be a positive integer".into())),
+        Some(_) => Err(invalid()),
     }
 }
 
@@ -242,4 +248,31 @@ pub fn json<T: serde::de::DeserializeOwned>(
     }
     serde_json::from_slice(bytes)
         .map_err(|e| Error::InvalidRequest(format!("invalid JSON body: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_is_a_positive_integer_however_written() {
+        let ttl = |raw: &str| ttl(Some(serde_json::from_str(raw).expect("json"))).ok();
+        for (raw, want) in [
+            ("60000", Some(Some(60000))),
+            ("60000.0", Some(Some(60000))),
+            ("6e4", Some(Some(60000))),
+            ("1", Some(Some(1))),
+            ("null", Some(None)),
+            ("0", None),
+            ("0.0", None),
+            ("-5", None),
+            ("1.5", None),
+            ("0.5", None),
+            ("\"100\"", None),
+            ("true", None),
+        ] {
+            assert_eq!(ttl(raw), want, "{raw}");
+        }
+        assert_eq!(ttl("1e30"), Some(Some(u64::MAX)));
+    }
 }

@@ -49,9 +49,12 @@ pub(super) async fn serve(
         Route::Seat { show, seat } => seat_state(&req, ShowId::parse(show)?, seat).await,
         Route::Seats { show } => seat_states(&req, ShowId::parse(show)?).await,
         Route::Events { show } => events(&req, ShowId::parse(show)?).await,
-        Route::Healthz | Route::Readyz | Route::Metrics | Route::Ui { .. } | Route::Unknown => {
-            Err(Error::NotFound)
-        }
+        Route::Healthz
+        | Route::Readyz
+        | Route::Metrics
+        | Route::OpenApi
+        | Route::Ui { .. }
+        | Route::Unknown => Err(Error::NotFound),
     }
 }
 
@@ -311,14 +314,29 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
             .map(|(_, v)| v.into_owned())
     };
     let parse_id = |raw: &str| {
-        EventId::parse(raw.trim())
+        EventId::from_cursor(raw)
             .ok_or_else(|| Error::InvalidRequest(format!("{raw:?} is not an event id")))
     };
-    let resume = match req.head.headers.get("last-event-id") {
-        Some(v) => Some(v.to_str().unwrap_or_default().to_owned()),
-        None => param("after"),
+    // Both cursors must be valid when both are sent; `Last-Event-ID` (what
+    // an EventSource sends when it reconnects) wins.
+    let after_param = param("after").as_deref().map(parse_id).transpose()?;
+    let last_event_id = match req.head.headers.get("last-event-id") {
+        Some(v) => Some(parse_id(v.to_str().unwrap_or_default())?),
+        None => None,
     };
-    let after = resume.as_deref().map(parse_id).transpose()?;
+    let after = last_event_id.or(after_param);
+    // Checked for both forms, though only a page uses it.
+    let limit = match param("limit") {
+        None => 100,
+        Some(raw) => match raw.parse::<usize>() {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) && raw.bytes().all(|b| b.is_ascii_digit()) => n,
+            _ => {
+                return Err(Error::InvalidRequest(format!(
+                    "limit must be an integer from 1 to {MAX_LIMIT}"
+                )))
+            }
+        },
+    };
     let wants_stream = req
         .head
         .headers
@@ -350,17 +368,6 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
         headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
         return Ok(resp);
     }
-    let limit = match param("limit") {
-        None => 100,
-        Some(raw) => match raw.parse::<usize>() {
-            Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
-            _ => {
-                return Err(Error::InvalidRequest(format!(
-                    "limit must be an integer from 1 to {MAX_LIMIT}"
-                )))
-            }
-        },
-    };
     let cursor = Cursor::After(after.unwrap_or(EventId::ZERO));
     let (page, newest) = read(cluster, keys, &req.deadline(), &show, cursor, limit).await?;
     let next = match (page.last(), after) {

@@ -181,11 +181,11 @@ pub async fn handle(app: Arc<App>, req: Request<impl ReqBody>, peer: SocketAddr)
     response
 }
 
-/// Probes and metrics are answered at once and never refused: a load
-/// balancer must see an overloaded instance as alive. API routes are
-/// authorized, their body is read (with its own time bound, before the
-/// request takes an in-flight slot, so slow senders cannot hold slots), and
-/// they are admitted and go to their handler.
+/// Probes, metrics and the API document are answered at once and never
+/// refused: a load balancer must see an overloaded instance as alive. API
+/// routes are authorized, their body is read (with its own time bound,
+/// before the request takes an in-flight slot, so slow senders cannot hold
+/// slots), and they are admitted and go to their handler.
 async fn dispatch(
     app: &App,
     route: Route<'_>,
@@ -202,6 +202,7 @@ async fn dispatch(
         Route::Healthz => return Ok(json(StatusCode::OK, &Health::up("ok"))),
         Route::Readyz => return Ok(readyz(app)),
         Route::Metrics => return Ok(metrics_text(app)),
+        Route::OpenApi => return Ok(openapi()),
         Route::Ui { show } => return crate::ui::page(app.ui, show),
         _ => {}
     }
@@ -228,6 +229,16 @@ fn metrics_text(app: &App) -> Resp {
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
+    resp
+}
+
+/// The OpenAPI 3.1 document of the API, as compiled in.
+pub const OPENAPI: &str = include_str!("../../docs/openapi.json");
+
+fn openapi() -> Resp {
+    let mut resp = Response::new(full(OPENAPI));
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp
 }
 

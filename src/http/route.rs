@@ -44,6 +44,7 @@ pub enum Route<'p> {
     Healthz,
     Readyz,
     Metrics,
+    OpenApi,
     MultiHold,
     ShowHolds { show: &'p str },
     SeatHold { show: &'p str, seat: &'p str },
@@ -57,6 +58,51 @@ pub enum Route<'p> {
     Settings { show: &'p str },
     Ui { show: &'p str },
     Unknown,
+}
+
+/// Every route, its ids named as in its template (`{show}`, `{seat}`,
+/// `{token}`): [`Route::parse`] of a template gives its route back. The
+/// OpenAPI document (`docs/openapi.json`) is checked against this list.
+pub const ALL: &[Route<'static>] = &[
+    Route::Healthz,
+    Route::Readyz,
+    Route::Metrics,
+    Route::OpenApi,
+    Route::MultiHold,
+    Route::ShowHolds { show: "{show}" },
+    Route::SeatHold {
+        show: "{show}",
+        seat: "{seat}",
+    },
+    Route::Hold {
+        show: "{show}",
+        token: "{token}",
+    },
+    Route::Extend {
+        show: "{show}",
+        token: "{token}",
+    },
+    Route::Confirm {
+        show: "{show}",
+        token: "{token}",
+    },
+    Route::Seat {
+        show: "{show}",
+        seat: "{seat}",
+    },
+    Route::Seats { show: "{show}" },
+    Route::Events { show: "{show}" },
+    Route::Pool {
+        show: "{show}",
+        pool: "{pool}",
+    },
+    Route::Settings { show: "{show}" },
+    Route::Ui { show: "{show}" },
+];
+
+/// Every route's template with the methods it answers.
+pub fn all() -> impl Iterator<Item = (&'static str, &'static [Method])> {
+    ALL.iter().map(|r| (r.template(), r.methods()))
 }
 
 impl<'p> Route<'p> {
@@ -76,6 +122,7 @@ impl<'p> Route<'p> {
             ["healthz"] => Self::Healthz,
             ["readyz"] => Self::Readyz,
             ["metrics"] => Self::Metrics,
+            ["openapi.json"] => Self::OpenApi,
             ["v1", "holds"] => Self::MultiHold,
             ["v1", "shows", show, "holds"] => Self::ShowHolds { show },
             ["v1", "shows", show, "seats", seat, "hold"] => Self::SeatHold { show, seat },
@@ -98,6 +145,7 @@ impl<'p> Route<'p> {
             Self::Healthz => "/healthz",
             Self::Readyz => "/readyz",
             Self::Metrics => "/metrics",
+            Self::OpenApi => "/openapi.json",
             Self::MultiHold => "/v1/holds",
             Self::ShowHolds { .. } => "/v1/shows/{show}/holds",
             Self::SeatHold { .. } => "/v1/shows/{show}/seats/{seat}/hold",
@@ -128,15 +176,21 @@ impl<'p> Route<'p> {
             | Self::Pool { show, .. }
             | Self::Settings { show }
             | Self::Ui { show } => Some(show),
-            Self::Healthz | Self::Readyz | Self::Metrics | Self::MultiHold | Self::Unknown => None,
+            Self::Healthz
+            | Self::Readyz
+            | Self::Metrics
+            | Self::OpenApi
+            | Self::MultiHold
+            | Self::Unknown => None,
         }
     }
 
     /// The methods the route answers (HEAD only where it says so).
-    fn methods(&self) -> &'static [Method] {
+    pub fn methods(&self) -> &'static [Method] {
         match self {
             Self::Healthz | Self::Readyz => &[Method::GET, Method::HEAD],
             Self::Metrics
+            | Self::OpenApi
             | Self::Seat { .. }
             | Self::Seats { .. }
             | Self::Events { .. }
@@ -161,6 +215,7 @@ impl<'p> Route<'p> {
     /// The `Allow` header of a 405 on this route.
     pub fn allow_header(&self) -> &'static str {
         match self.methods() {
+            [Method::GET, Method::HEAD] => "GET, HEAD",
             [Method::GET, Method::DELETE, Method::PATCH] => "GET, DELETE, PATCH",
             [Method::GET, Method::PUT] => "GET, PUT",
             [Method::PUT] => "PUT",
@@ -174,7 +229,12 @@ impl<'p> Route<'p> {
     pub fn is_api(&self) -> bool {
         !matches!(
             self,
-            Self::Healthz | Self::Readyz | Self::Metrics | Self::Ui { .. } | Self::Unknown
+            Self::Healthz
+                | Self::Readyz
+                | Self::Metrics
+                | Self::OpenApi
+                | Self::Ui { .. }
+                | Self::Unknown
         )
     }
 }
@@ -233,7 +293,76 @@ mod tests {
         assert_eq!(hold.allow_header(), "GET, DELETE, PATCH");
         assert!(Route::Healthz.allows(&Method::HEAD));
         assert!(!Route::Metrics.allows(&Method::HEAD));
-        assert_eq!(Route::Readyz.allow_header(), "GET");
+        assert_eq!(Route::Readyz.allow_header(), "GET, HEAD");
+        assert_eq!(Route::Metrics.allow_header(), "GET");
         assert_eq!(Route::MultiHold.allow_header(), "POST");
+    }
+
+    #[test]
+    fn all_lists_every_route_once_and_parses_back() {
+        // Adding a variant breaks this match: add it to `ALL` too.
+        fn index(r: &Route<'_>) -> usize {
+            match r {
+                Route::Healthz => 0,
+                Route::Readyz => 1,
+                Route::Metrics => 2,
+                Route::OpenApi => 3,
+                Route::MultiHold => 4,
+                Route::ShowHolds { .. } => 5,
+                Route::SeatHold { .. } => 6,
+                Route::Hold { .. } => 7,
+                Route::Extend { .. } => 8,
+                Route::Confirm { .. } => 9,
+                Route::Seat { .. } => 10,
+                Route::Seats { .. } => 11,
+                Route::Events { .. } => 12,
+                Route::Ui { .. } => 13,
+                Route::Pool { .. } => 14,
+                Route::Settings { .. } => 15,
+                Route::Unknown => usize::MAX,
+            }
+        }
+        let indices: std::collections::BTreeSet<usize> = ALL.iter().map(index).collect();
+        assert_eq!(indices, (0..=15).collect(), "every route, once");
+        for r in ALL {
+            route(r.template(), |parsed| assert_eq!(parsed, *r));
+        }
+    }
+
+    /// `docs/openapi.json` documents exactly the routes of [`ALL`], each with
+    /// exactly the methods it answers.
+    #[test]
+    fn the_openapi_document_has_every_route_and_method() {
+        use std::collections::{BTreeMap, BTreeSet};
+        let doc: serde_json::Value =
+            serde_json::from_str(crate::http::OPENAPI).expect("docs/openapi.json is JSON");
+        assert_eq!(doc["openapi"], "3.1.0");
+        let paths = doc["paths"].as_object().expect("paths");
+        const OPERATIONS: [&str; 8] = [
+            "get", "put", "post", "delete", "options", "head", "patch", "trace",
+        ];
+        let documented: BTreeMap<&str, BTreeSet<String>> = paths
+            .iter()
+            .map(|(path, item)| {
+                let methods = OPERATIONS
+                    .iter()
+                    .filter(|m| item.get(**m).is_some())
+                    .map(|m| m.to_uppercase())
+                    .collect();
+                (path.as_str(), methods)
+            })
+            .collect();
+        let routed: BTreeMap<&str, BTreeSet<String>> = all()
+            .map(|(template, methods)| (template, methods.iter().map(|m| m.to_string()).collect()))
+            .collect();
+        assert_eq!(
+            routed, documented,
+            "the router (left) and docs/openapi.json (right) differ"
+        );
+        // A 405's `Allow` names exactly the methods documented.
+        for r in ALL {
+            let allow: BTreeSet<String> = r.allow_header().split(", ").map(str::to_owned).collect();
+            assert_eq!(allow, documented[r.template()], "Allow of {}", r.template());
+        }
     }
 }
