@@ -216,6 +216,18 @@ pub struct Options {
     #[arg(long, env = "SEATHOLD_SSE_HEARTBEAT_MS", default_value_t = 15_000)]
     pub sse_heartbeat_ms: u64,
 
+    /// The local seat view of busy shows answers conflicts and reads from
+    /// the show's event stream only while its reader is current within this
+    /// bound (ms); a seat released this recently may still be refused, as
+    /// if another customer had won it. 0 turns the view off. Needs events.
+    #[arg(long, env = "SEATHOLD_VIEW_MAX_LAG_MS", default_value_t = 250)]
+    pub view_max_lag_ms: u64,
+
+    /// Requests per second for one show that make it busy enough for a
+    /// local seat view (0: every show gets one).
+    #[arg(long, env = "SEATHOLD_VIEW_MIN_RATE", default_value_t = 50)]
+    pub view_min_rate: u32,
+
     /// The seat-map page at /ui/shows/{show}; `off` removes it.
     #[arg(long, env = "SEATHOLD_UI", value_enum, default_value_t = Switch::On)]
     pub ui: Switch,

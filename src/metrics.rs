@@ -55,6 +55,8 @@ pub const EVENT_TYPES: [&str; 7] = [
 pub const EVENT_SUBSCRIBERS: &str = "seathold_event_subscribers";
 /// Event time (its stream id) to its write to a subscriber (contract, 1.1).
 pub const EVENT_DELIVERY: &str = "seathold_event_delivery_seconds";
+/// Requests answered from a local seat view, by `kind` (conflict, read).
+pub const VIEW_ANSWERS: &str = "seathold_view_answers_total";
 /// Shows whose stream this instance reads (one reader per show).
 pub const EVENT_READERS: &str = "seathold_event_readers";
 /// Subscribers disconnected because they fell too far behind.
@@ -186,6 +188,10 @@ fn describe() {
     describe_counter!(RELEASES, "Holds released.");
     describe_counter!(POOL_UNITS_HELD, "Pool units in granted holds.");
     describe_counter!(
+        VIEW_ANSWERS,
+        "Requests answered from a local seat view without Redis, by kind (conflict, read)."
+    );
+    describe_counter!(
         HOLDER_LIMIT_REJECTIONS,
         "Hold requests refused with 409 holder_limit."
     );
@@ -309,6 +315,9 @@ pub fn register_zeroes() {
         metrics::counter!(EVENTS, "type" => kind).increment(0);
     }
     let _ = metrics::histogram!(EVENT_DELIVERY);
+    for kind in ["conflict", "read"] {
+        metrics::counter!(VIEW_ANSWERS, "kind" => kind).increment(0);
+    }
     for kind in crate::cluster::RedisFault::ALL {
         metrics::counter!(REDIS_ERRORS, "kind" => kind.label()).increment(0);
     }

@@ -23,6 +23,7 @@ use crate::cluster::{Cluster, Readiness};
 use crate::config::{DevOptions, Options};
 use crate::events::hub::Hub;
 use crate::events::sweep::Sweeper;
+use crate::events::view::Views;
 use crate::hold::Service;
 use crate::http::{self, App};
 use crate::keys::KeySpace;
@@ -55,13 +56,32 @@ pub fn app(opts: &Options) -> Result<Arc<App>, StartError> {
     let metrics = crate::metrics::install();
     crate::metrics::register_zeroes();
     let keys = KeySpace::new(opts.key_prefix.clone());
-    let events = opts.events.is_on().then(|| crate::events::Events {
-        sweeper: Sweeper::new(Arc::clone(&cluster), keys.clone(), opts.events_max_len),
-        hub: Hub::new(Arc::clone(&cluster), keys.clone()),
-        heartbeat: Duration::from_millis(opts.sse_heartbeat_ms),
+    let events = opts.events.is_on().then(|| {
+        // A reader that blocks at most half the view's lag bound proves it
+        // is current often enough for the view to answer.
+        let block = match opts.view_max_lag_ms {
+            0 => Duration::from_millis(crate::events::hub::BLOCK_MS),
+            lag => Duration::from_millis((lag / 2).max(10)),
+        };
+        let hub = Hub::new(Arc::clone(&cluster), keys.clone(), block);
+        crate::events::Events {
+            sweeper: Sweeper::new(Arc::clone(&cluster), keys.clone(), opts.events_max_len),
+            views: (opts.view_max_lag_ms > 0).then(|| {
+                Arc::new(Views::new(
+                    Arc::clone(&hub),
+                    Arc::clone(&cluster),
+                    keys.clone(),
+                    opts.view_max_lag_ms,
+                    opts.view_min_rate,
+                ))
+            }),
+            hub,
+            heartbeat: Duration::from_millis(opts.sse_heartbeat_ms),
+        }
     });
     let sweeper = events.as_ref().map(|e| Arc::clone(&e.sweeper));
-    let service = Service::new(cluster, keys, opts.limits(), sweeper);
+    let views = events.as_ref().and_then(|e| e.views.clone());
+    let service = Service::new(cluster, keys, opts.limits(), sweeper, views);
     Ok(Arc::new(App::new(
         service, metrics, readiness, events, opts,
     )))

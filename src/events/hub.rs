@@ -12,12 +12,14 @@
 //! last subscriber has gone.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::Value;
 use tokio::sync::{broadcast, watch};
 
+use super::view::SeatView;
 use super::{Event, EventId};
 use crate::cluster::Cluster;
 use crate::ids::ShowId;
@@ -26,14 +28,17 @@ use crate::keys::KeySpace;
 /// Events a subscriber may fall behind before it is dropped.
 pub const BUFFER: usize = 1024;
 
-/// How long one XREAD blocks; the reader checks for subscribers between.
-const BLOCK_MS: u64 = 2_000;
+/// How long one XREAD blocks when no seat view needs a shorter bound; the
+/// reader checks for subscribers between.
+pub const BLOCK_MS: u64 = 2_000;
 
 /// The per-show readers of this instance.
 pub struct Hub {
     cluster: Arc<Cluster>,
     keys: KeySpace,
     shows: Mutex<HashMap<ShowId, Feed>>,
+    /// How long one XREAD blocks.
+    block: Duration,
 }
 
 /// One show's reader, as its subscribers see it.
@@ -43,32 +48,76 @@ pub struct Feed {
     /// Turns true once the reader has pinned its starting position: every
     /// event after it will be sent.
     pub started: watch::Receiver<bool>,
+    /// When (ms since the Unix epoch, this machine's clock) the reader last
+    /// knew it had every event: its last XREAD returned then. A reader that
+    /// blocks no longer than its bound proves it is current this way.
+    pub current_at: Arc<AtomicU64>,
+    /// The show's seat view, once one was asked for.
+    view: Arc<Mutex<Option<Arc<SeatView>>>>,
 }
 
+/// A view not asked for this long is dropped (and with it, when no
+/// subscriber is left, the show's reader).
+const VIEW_IDLE_MS: u64 = 30_000;
+
 impl Hub {
-    pub fn new(cluster: Arc<Cluster>, keys: KeySpace) -> Arc<Self> {
+    /// A hub whose readers block at most `block` per XREAD.
+    pub fn new(cluster: Arc<Cluster>, keys: KeySpace, block: Duration) -> Arc<Self> {
         Arc::new(Self {
             cluster,
             keys,
             shows: Mutex::new(HashMap::new()),
+            block,
         })
     }
 
     /// A subscription to `show`'s events, and its feed; starts the show's
     /// reader when it has none.
     pub fn subscribe(self: &Arc<Self>, show: &ShowId) -> (broadcast::Receiver<Arc<Event>>, Feed) {
+        // Subscribed under the hub's lock, before a new reader can look.
+        self.feed(show, |feed| (feed.tx.subscribe(), feed.clone()))
+    }
+
+    /// The seat view of `show`, kept current by the show's reader (started
+    /// when it has none), and whether it was made just now.
+    pub fn view(self: &Arc<Self>, show: &ShowId, max_lag_ms: u64) -> (Arc<SeatView>, bool) {
+        self.feed(show, |feed| {
+            let mut view = feed
+                .view
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(view) = view.as_ref() {
+                return (Arc::clone(view), false);
+            }
+            let new = Arc::new(SeatView::new(Arc::clone(&feed.current_at), max_lag_ms));
+            *view = Some(Arc::clone(&new));
+            (new, true)
+        })
+    }
+
+    /// Runs `with` on the feed of `show` under the hub's lock, so that what
+    /// it attaches is there before the reader (started here when the show
+    /// has none) first checks for users.
+    fn feed<T>(self: &Arc<Self>, show: &ShowId, with: impl FnOnce(&Feed) -> T) -> T {
         let mut shows = self.lock();
         if let Some(feed) = shows.get(show) {
-            return (feed.tx.subscribe(), feed.clone());
+            return with(feed);
         }
-        let (tx, rx) = broadcast::channel(BUFFER);
+        let (tx, _) = broadcast::channel(BUFFER);
         let (started_tx, started) = watch::channel(false);
-        let feed = Feed { tx, started };
+        let feed = Feed {
+            tx,
+            started,
+            current_at: Arc::new(AtomicU64::new(0)),
+            view: Arc::new(Mutex::new(None)),
+        };
+        let answer = with(&feed);
         shows.insert(show.clone(), feed.clone());
         metrics::gauge!(crate::metrics::EVENT_READERS).set(shows.len() as f64);
-        let (me, show, tx) = (Arc::clone(self), show.clone(), feed.tx.clone());
-        tokio::spawn(async move { me.read(show, tx, started_tx).await });
-        (rx, feed)
+        let me = Arc::clone(self);
+        let show = show.clone();
+        tokio::spawn(async move { me.read(show, feed, started_tx).await });
+        answer
     }
 
     /// Readers running (shows with subscribers on this instance).
@@ -84,12 +133,8 @@ impl Hub {
     }
 
     /// The reader of `show`: XREAD BLOCK until no subscriber is left.
-    async fn read(
-        self: Arc<Self>,
-        show: ShowId,
-        tx: broadcast::Sender<Arc<Event>>,
-        started: watch::Sender<bool>,
-    ) {
+    async fn read(self: Arc<Self>, show: ShowId, feed: Feed, started: watch::Sender<bool>) {
+        let (tx, current_at) = (&feed.tx, &feed.current_at);
         let stream = self.keys.events(&show);
         let slot = crate::keys::slot(stream.as_bytes());
         let mut last: Option<EventId> = None;
@@ -100,7 +145,7 @@ impl Hub {
                 // Stop under the lock, so that a new subscriber either finds
                 // this reader's sender or starts a new reader.
                 let mut shows = self.lock();
-                if tx.receiver_count() == 0 {
+                if tx.receiver_count() == 0 && !feed.view_in_use() {
                     metrics::gauge!(crate::metrics::EVENT_READERS).set((shows.len() - 1) as f64);
                     shows.remove(&show);
                     return;
@@ -119,6 +164,7 @@ impl Hub {
                 // an event written meanwhile is not skipped.
                 last = self.newest(c, &stream).await;
                 if last.is_some() {
+                    current_at.store(now_ms(), Ordering::Relaxed);
                     started.send_replace(true);
                 } else {
                     conn = None;
@@ -129,7 +175,7 @@ impl Hub {
                 .arg("COUNT")
                 .arg(BUFFER)
                 .arg("BLOCK")
-                .arg(BLOCK_MS)
+                .arg(self.block.as_millis() as u64)
                 .arg("STREAMS")
                 .arg(&stream)
                 .arg(from.to_string())
@@ -138,11 +184,18 @@ impl Hub {
             match reply {
                 Ok(reply) => {
                     backoff = Duration::from_millis(50);
+                    let view = feed.current_view();
                     for event in entries(&reply).filter_map(|e| Event::from_entry(&show, e)) {
                         last = Some(event.event_id);
+                        if let Some(view) = &view {
+                            view.apply(&event);
+                        }
                         // No receiver right now is fine: the loop checks.
                         let _ = tx.send(Arc::new(event));
                     }
+                    // After the events went out: a view that sees this time
+                    // has applied everything before it.
+                    current_at.store(now_ms(), Ordering::Relaxed);
                 }
                 Err(err) => {
                     tracing::debug!(%show, error = %err, "event reader failed; reconnecting");
@@ -190,13 +243,35 @@ impl Hub {
         // Each XREAD blocks up to BLOCK_MS: the response timeout must allow it.
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.cluster.timeout()))
-            .set_response_timeout(Some(
-                Duration::from_millis(BLOCK_MS) + self.cluster.timeout(),
-            ));
+            .set_response_timeout(Some(self.block + self.cluster.timeout()));
         client
             .get_multiplexed_async_connection_with_config(&config)
             .await
             .ok()
+    }
+}
+
+impl Feed {
+    fn current_view(&self) -> Option<Arc<SeatView>> {
+        self.view
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Whether the show's view was asked for lately; an idle one is dropped.
+    fn view_in_use(&self) -> bool {
+        let mut view = self
+            .view
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let idle = view.as_ref().is_some_and(|v| {
+            now_ms().saturating_sub(v.last_used.load(Ordering::Relaxed)) > VIEW_IDLE_MS
+        });
+        if idle {
+            *view = None;
+        }
+        view.is_some()
     }
 }
 
@@ -213,4 +288,12 @@ fn entries(reply: &Value) -> impl Iterator<Item = &Value> {
         _ => None,
     };
     list.unwrap_or_default().iter()
+}
+
+/// This machine's clock, ms since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }

@@ -7,6 +7,7 @@
 //! - [`hub`]: one Redis reader per show per instance, fanned out to every
 //!   subscriber of the show on this instance.
 //! - [`sse`]: the Server-Sent Events body of `GET /v1/shows/{show}/events`.
+//! - [`view`]: the local seat view of busy shows, fed by their readers.
 //!
 //! An entry's fields are short (`t` type, `r` hold ref, `s` items: seat ids
 //! and `@pool=units`, `f` fence, `l` TTL, `x` expiry); this module turns
@@ -27,6 +28,7 @@ use crate::model::iso_millis;
 pub mod hub;
 pub mod sse;
 pub mod sweep;
+pub mod view;
 
 /// Most events one poll may ask for.
 pub const MAX_LIMIT: usize = 1000;
@@ -92,6 +94,9 @@ pub struct Event {
     pub fence: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<String>,
+    /// `expires_at` in ms on Redis's clock.
+    #[serde(skip)]
+    pub expires_at_ms: Option<i64>,
     pub at: String,
     /// The parsed id, for ordering and delivery times.
     #[serde(skip)]
@@ -152,6 +157,7 @@ impl Event {
             hold_ref,
             fence,
             expires_at: expires_ms.map(iso_millis),
+            expires_at_ms: expires_ms,
             at: iso_millis(at_ms),
             event_id,
         })
@@ -225,6 +231,8 @@ pub struct Events {
     pub hub: Arc<hub::Hub>,
     /// How often an SSE stream without events sends a comment line.
     pub heartbeat: std::time::Duration,
+    /// The local seat views of busy shows; `None` when off.
+    pub views: Option<Arc<view::Views>>,
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use crate::error::Error;
 use crate::idempotency::{Idem, Recorded};
 use crate::ids::{HoldToken, SeatId, ShowId};
 use crate::metrics as m;
-use crate::model::{Contents, Hold, Shortfall};
+use crate::model::{Contents, Hold, Seats, Shortfall, State, Taken};
 
 impl Service {
     /// Holds `contents`, all or nothing. `home` is the show whose routes
@@ -31,6 +31,27 @@ impl Service {
         self.check_contents(home, &contents)?;
         let ttl = self.ttl(ttl_ms)?;
         check_one_slot(home, &contents)?;
+        // A busy show's view may know the hold cannot succeed. It never
+        // grants, and it does not answer for pools, holders, or requests
+        // whose outcome must be recorded under an idempotency key.
+        let view = match (&contents.seats, &contents.holder, idem) {
+            (Seats::Show(seats), None, None) if contents.pools.is_empty() => {
+                self.view(home).map(|v| (v, seats.clone()))
+            }
+            _ => None,
+        };
+        if let Some((view, seats)) = &view {
+            if let Some(taken) = view.refusal(seats) {
+                count(m::HOLD_CONFLICTS, 1);
+                metrics::counter!(m::VIEW_ANSWERS, "kind" => "conflict").increment(1);
+                let taken = taken
+                    .into_iter()
+                    .map(|(seat, state)| Taken::new(None, seat, state))
+                    .collect();
+                return Err(Error::SeatsTaken(taken, Vec::new()));
+            }
+        }
+        let position = view.as_ref().map(|(v, _)| v.position());
 
         let token = HoldToken::new();
         let shows: Vec<ShowId> = contents.by_show(home).into_keys().collect();
@@ -109,7 +130,11 @@ impl Service {
             }
             [0, rest @ ..] if rest.len() % 3 == 0 => {
                 count(m::HOLD_CONFLICTS, 1);
-                Err(Error::SeatsTaken(taken(rest, &pairs, multi), Vec::new()))
+                let taken = taken(rest, &pairs, multi);
+                if let (Some((view, _)), Some(position)) = (&view, position) {
+                    view.learn(position, &learned(&taken));
+                }
+                Err(Error::SeatsTaken(taken, Vec::new()))
             }
             [-5, n, rest @ ..] => {
                 count(m::HOLD_CONFLICTS, 1);
@@ -289,6 +314,18 @@ impl Drop for InFlight<'_> {
         keys.extend(tail.keys.iter().cloned());
         s.abandon_later(self.token.clone(), keys, self.ttl_ms, tail);
     }
+}
+
+/// What a 409 of Redis says about its seats that a seat view may learn:
+/// only sold seats. A held seat may be held by a writer outside seathold
+/// (the reference design's raw `SET … NX PX`), whose release writes no
+/// event; a sale is always seathold's own.
+fn learned(taken: &[Taken]) -> Vec<(SeatId, State)> {
+    taken
+        .iter()
+        .filter(|t| t.state == "sold")
+        .map(|t| (t.seat.clone(), State::Sold))
+        .collect()
 }
 
 /// Whether the script of a request that failed with `err` may have run:

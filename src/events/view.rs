@@ -1,0 +1,368 @@
+//! The local seat view: what this instance knows of a busy show's seats
+//! from the show's event stream, to answer conflicts and reads without
+//! Redis.
+//!
+//! During an on-sale most requests for a hot show are conflicts (thousands
+//! clicking the same good seats) and seat-map reads, and every one of them
+//! costs the show's single master. The show's reader ([`super::hub`])
+//! already sees every transition; it applies each to the show's view before
+//! it reads on. The view answers:
+//!
+//! - a hold one of whose seats it knows to be sold, or held with an expiry
+//!   safely in the future on Redis's clock, with the same 409 Redis would
+//!   give, when it knows the state of every seat of the request;
+//! - a read of seats whose states it all knows.
+//!
+//! It never grants: a request that may succeed always goes to Redis. It only
+//! answers while its reader is current, that is when the reader's last XREAD
+//! (which blocks at most half of `--view-max-lag-ms`) returned within
+//! `--view-max-lag-ms`; otherwise, after a restart, and for seats it has
+//! seen no event of, Redis answers. The one trade-off: a seat released a
+//! few milliseconds ago may still be refused for up to that bound, exactly
+//! as if another customer had won it. Writers outside seathold (a raw
+//! `SET`/`DEL` on the seat keys) write no events; the view does not see
+//! them.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::hub::{now_ms, Hub};
+use super::Event;
+use crate::cluster::Cluster;
+use crate::ids::{SeatId, ShowId};
+use crate::keys::KeySpace;
+use crate::model::State;
+
+/// The views of this instance: one per busy show.
+pub struct Views {
+    hub: Arc<Hub>,
+    cluster: Arc<Cluster>,
+    keys: KeySpace,
+    max_lag_ms: u64,
+    /// Requests per second that make a show busy enough for a view.
+    min_rate: u32,
+    /// Requests per show in the current second.
+    traffic: Mutex<HashMap<ShowId, (u64, u32)>>,
+}
+
+impl Views {
+    pub fn new(
+        hub: Arc<Hub>,
+        cluster: Arc<Cluster>,
+        keys: KeySpace,
+        max_lag_ms: u64,
+        min_rate: u32,
+    ) -> Self {
+        Self {
+            hub,
+            cluster,
+            keys,
+            max_lag_ms,
+            min_rate,
+            traffic: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The view of `show` when it is busy enough to have one (counting this
+    /// request); `None` sends the request to Redis as it is.
+    pub fn for_show(&self, show: &ShowId) -> Option<Arc<SeatView>> {
+        let second = now_ms() / 1000;
+        let busy = {
+            let mut traffic = self
+                .traffic
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if traffic.len() > 10_000 {
+                traffic.retain(|_, (s, _)| *s + 2 >= second);
+            }
+            let (at, count) = traffic.entry(show.clone()).or_insert((second, 0));
+            if *at != second {
+                *at = second;
+                *count = 0;
+            }
+            *count = count.saturating_add(1);
+            *count >= self.min_rate
+        };
+        if !busy {
+            return None;
+        }
+        let (view, new) = self.hub.view(show, self.max_lag_ms);
+        if new {
+            self.learn_live_holds(show, Arc::clone(&view));
+        }
+        Some(view)
+    }
+
+    /// Teaches a new view the show's live holds from its deadline index,
+    /// which only seathold writes: the seats of holds made before the view
+    /// existed are known at once. Entries are learned as of the view's
+    /// position before the read, so a change the view applies meanwhile
+    /// wins.
+    fn learn_live_holds(&self, show: &ShowId, view: Arc<SeatView>) {
+        let (cluster, key) = (Arc::clone(&self.cluster), self.keys.deadlines(show));
+        tokio::spawn(async move {
+            let position = view.position();
+            let Ok(mut conn) = cluster.conn() else { return };
+            let read = async {
+                let entries: Vec<(String, f64)> = redis::cmd("ZRANGE")
+                    .arg(&key)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query_async(&mut conn)
+                    .await?;
+                Ok(entries)
+            };
+            let Ok(entries) = cluster.deadline().within(read).await else {
+                return;
+            };
+            let now = view.redis_now();
+            let held: Vec<(SeatId, State)> = entries
+                .iter()
+                .flat_map(|(member, until)| {
+                    let until = *until as i64;
+                    // "<ref> <fence> <items>"; pool units start with '@'.
+                    member
+                        .splitn(3, ' ')
+                        .nth(2)
+                        .unwrap_or_default()
+                        .split(' ')
+                        .filter_map(|s| SeatId::parse(s).ok())
+                        .map(move |seat| (seat, State::Held(Some(until - now))))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            view.learn(position, &held);
+        });
+    }
+}
+
+/// What the view knows of one seat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Known {
+    Free,
+    /// Held until this time, ms on Redis's clock.
+    Held(i64),
+    Sold,
+}
+
+/// One show's view.
+pub struct SeatView {
+    seats: Mutex<ViewState>,
+    /// When the reader last knew it had every event (ms, this machine).
+    current_at: Arc<AtomicU64>,
+    /// How far Redis's clock may be ahead of this machine's, in ms, as seen
+    /// from the events (their id time minus the time they arrived): taking
+    /// the largest keeps "safely in the future" safe.
+    clock_ahead: AtomicI64,
+    /// When the view was last asked (ms, this machine).
+    pub last_used: AtomicU64,
+    max_lag_ms: u64,
+}
+
+#[derive(Default)]
+struct ViewState {
+    /// Each known seat, and the position (events applied) of its last change.
+    seats: HashMap<String, (Known, u64)>,
+    /// The seats of each live hold, by hold ref, so that a `modified` event
+    /// (which names the new seats) frees the ones it gave back.
+    holds: HashMap<String, Vec<String>>,
+    /// Events applied so far.
+    applied: u64,
+}
+
+impl SeatView {
+    pub fn new(current_at: Arc<AtomicU64>, max_lag_ms: u64) -> Self {
+        Self {
+            seats: Mutex::new(ViewState::default()),
+            current_at,
+            clock_ahead: AtomicI64::new(i64::MIN),
+            last_used: AtomicU64::new(now_ms()),
+            max_lag_ms,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ViewState> {
+        // Each change under the lock is a few map operations on plain
+        // values: a panic cannot leave them half-done.
+        self.seats
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Applies one event of the show (the reader calls this in order).
+    pub fn apply(&self, event: &Event) {
+        let ahead = i64::try_from(event.event_id.ms).unwrap_or(0) - now_ms() as i64;
+        self.clock_ahead.fetch_max(ahead, Ordering::Relaxed);
+        let until = event
+            .expires_at_ms
+            .unwrap_or(i64::try_from(event.event_id.ms).unwrap_or(0));
+        let mut state = self.lock();
+        state.applied += 1;
+        let at = state.applied;
+        let known = match event.kind.as_str() {
+            "held" | "extended" | "modified" => Known::Held(until),
+            "confirmed" => Known::Sold,
+            "released" | "expired" => Known::Free,
+            _ => return,
+        };
+        if event.kind == "modified" {
+            if let Some(before) = state.holds.get(&event.hold_ref).cloned() {
+                for seat in before.iter().filter(|s| !event.seats.contains(s)) {
+                    state.seats.insert(seat.clone(), (Known::Free, at));
+                }
+            }
+        }
+        for seat in &event.seats {
+            state.seats.insert(seat.clone(), (known, at));
+        }
+        if matches!(known, Known::Held(_)) {
+            state
+                .holds
+                .insert(event.hold_ref.clone(), event.seats.clone());
+        } else {
+            state.holds.remove(&event.hold_ref);
+        }
+    }
+
+    /// Whether the reader is current within the lag bound.
+    fn is_current(&self) -> bool {
+        let at = self.current_at.load(Ordering::Relaxed);
+        at > 0 && now_ms().saturating_sub(at) <= self.max_lag_ms
+    }
+
+    /// Redis's time now, as late as it may be: this machine's clock plus
+    /// the most Redis was seen ahead.
+    pub fn redis_now(&self) -> i64 {
+        let ahead = self.clock_ahead.load(Ordering::Relaxed);
+        now_ms() as i64 + ahead.max(0)
+    }
+
+    /// The states of `seats`, when the view is current and knows them all;
+    /// a hold that ends within the lag bound counts as unknown (Redis
+    /// decides).
+    pub fn states(&self, seats: &[SeatId]) -> Option<Vec<State>> {
+        self.last_used.store(now_ms(), Ordering::Relaxed);
+        if !self.is_current() {
+            return None;
+        }
+        let now = self.redis_now();
+        let margin = i64::try_from(self.max_lag_ms).unwrap_or(i64::MAX);
+        let state = self.lock();
+        seats
+            .iter()
+            .map(|seat| match state.seats.get(seat.as_str())?.0 {
+                Known::Free => Some(State::Free),
+                Known::Sold => Some(State::Sold),
+                Known::Held(until) if until - now > margin => Some(State::Held(Some(until - now))),
+                Known::Held(_) => None,
+            })
+            .collect()
+    }
+
+    /// The position to pass to [`SeatView::learn`] for a request sent to
+    /// Redis now.
+    pub fn position(&self) -> u64 {
+        self.lock().applied
+    }
+
+    /// Learns states that Redis answered as of `position` (the view's
+    /// position when the request was sent): held until `expiresInMs` from
+    /// now on Redis's clock, or sold. A seat that changed in the view since
+    /// `position` keeps the newer state.
+    pub fn learn(&self, position: u64, taken: &[(SeatId, State)]) {
+        let now = self.redis_now();
+        let mut state = self.lock();
+        for (seat, s) in taken {
+            if state
+                .seats
+                .get(seat.as_str())
+                .is_some_and(|(_, at)| *at > position)
+            {
+                continue;
+            }
+            let known = match s {
+                State::Sold => Known::Sold,
+                State::Held(Some(pttl)) => Known::Held(now + pttl),
+                _ => continue,
+            };
+            state.seats.insert(seat.to_string(), (known, position));
+        }
+    }
+
+    /// The taken seats of a hold of `seats`, when the view can tell for
+    /// sure that the hold would be refused; `None` sends it to Redis.
+    pub fn refusal(&self, seats: &[SeatId]) -> Option<Vec<(SeatId, State)>> {
+        let states = self.states(seats)?;
+        let taken: Vec<(SeatId, State)> = seats
+            .iter()
+            .cloned()
+            .zip(states)
+            .filter(|(_, s)| *s != State::Free)
+            .collect();
+        (!taken.is_empty()).then_some(taken)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::EventId;
+    use crate::ids::ShowId;
+
+    fn event(kind: &str, seats: &[&str], reference: &str, expires: Option<i64>) -> Event {
+        let ms = now_ms();
+        Event {
+            id: format!("{ms}-0"),
+            kind: kind.into(),
+            show: ShowId::parse("42").expect("show"),
+            seats: seats.iter().map(|s| (*s).to_owned()).collect(),
+            pools: Default::default(),
+            hold_ref: reference.into(),
+            fence: 1,
+            expires_at: None,
+            expires_at_ms: expires,
+            at: String::new(),
+            event_id: EventId { ms, seq: 0 },
+        }
+    }
+
+    fn seat(s: &str) -> SeatId {
+        SeatId::parse(s).expect("seat")
+    }
+
+    #[test]
+    fn refuses_only_what_it_knows_taken_and_never_when_behind() {
+        let current = Arc::new(AtomicU64::new(now_ms()));
+        let view = SeatView::new(Arc::clone(&current), 250);
+        let later = now_ms() as i64 + 60_000;
+        view.apply(&event("held", &["E7", "E8"], "r1", Some(later)));
+        view.apply(&event("released", &["E9"], "r0", None));
+        // Known held: refused; unknown seat in the request: Redis decides.
+        assert!(view.refusal(&[seat("E7")]).is_some());
+        assert!(view.refusal(&[seat("E7"), seat("A1")]).is_none());
+        // Known free only: never answered from the view (it never grants).
+        assert!(view.refusal(&[seat("E9")]).is_none());
+        // A hold that ends within the lag bound: Redis decides.
+        view.apply(&event("held", &["B1"], "r2", Some(now_ms() as i64 + 100)));
+        assert!(view.refusal(&[seat("B1")]).is_none());
+        // Released, and a modify that gives E8 back.
+        view.apply(&event("modified", &["E7"], "r1", Some(later)));
+        assert_eq!(view.states(&[seat("E8")]), Some(vec![State::Free]));
+        view.apply(&event("confirmed", &["E7"], "r1", None));
+        assert_eq!(view.states(&[seat("E7")]), Some(vec![State::Sold]));
+        // Learned from a 409 of Redis: known from then on, unless an event
+        // changed the seat after the request was sent.
+        let before = view.position();
+        view.learn(before, &[(seat("A1"), State::Held(Some(60_000)))]);
+        assert!(view.refusal(&[seat("A1")]).is_some());
+        let stale = view.position();
+        view.apply(&event("released", &["C1"], "r9", None));
+        view.learn(stale, &[(seat("C1"), State::Sold)]);
+        assert_eq!(view.states(&[seat("C1")]), Some(vec![State::Free]));
+        // A reader that fell behind: nothing is answered.
+        current.store(now_ms() - 1_000, Ordering::Relaxed);
+        assert!(view.refusal(&[seat("E7")]).is_none());
+    }
+}
