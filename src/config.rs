@@ -158,9 +158,10 @@ pub struct Options {
     pub redis_timeout_ms: u64,
 
     /// After SIGTERM/SIGINT, how long to keep serving (with /readyz at 503)
-    /// so load balancers take the instance out of rotation.
-    #[arg(long, env = "SEATHOLD_SHUTDOWN_DRAIN_MS", default_value_t = 5_000)]
-    pub shutdown_drain_ms: u64,
+    /// so load balancers take the instance out of rotation. Default 5000
+    /// for `serve`, 0 for `dev` (nothing balances load in front of it).
+    #[arg(long, env = "SEATHOLD_SHUTDOWN_DRAIN_MS")]
+    pub shutdown_drain_ms: Option<u64>,
 
     /// Largest request body accepted; larger ones get 413.
     #[arg(long, env = "SEATHOLD_MAX_BODY_BYTES", default_value_t = 65_536)]
@@ -339,6 +340,34 @@ impl Options {
             return fail("--max-body-bytes must be at least 256".into());
         }
         Ok(())
+    }
+
+    /// The drain after SIGTERM/SIGINT (5000 ms unless set).
+    pub fn shutdown_drain(&self) -> Duration {
+        Duration::from_millis(self.shutdown_drain_ms.unwrap_or(5_000))
+    }
+
+    /// The settings `seathold dev` cannot honour, because it makes its own
+    /// cluster: refused rather than silently ignored.
+    pub fn refuse_for_dev(&self) -> Result<(), ConfigError> {
+        let given: Vec<&str> = [
+            (!self.redis_nodes.is_empty(), "--redis-nodes"),
+            (self.redis_username.is_some(), "--redis-username"),
+            (self.redis_password.is_some(), "--redis-password"),
+            (self.redis_ca_file.is_some(), "--redis-ca-file"),
+            (self.redis_cert_file.is_some(), "--redis-cert-file"),
+            (self.redis_key_file.is_some(), "--redis-key-file"),
+        ]
+        .into_iter()
+        .filter_map(|(set, flag)| set.then_some(flag))
+        .collect();
+        if given.is_empty() {
+            return Ok(());
+        }
+        Err(ConfigError(format!(
+            "seathold dev starts its own Redis Cluster and does not use {} (flags or SEATHOLD_REDIS_* variables); use `seathold serve` for an existing cluster",
+            given.join(", ")
+        )))
     }
 
     /// The hold limits.

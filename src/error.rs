@@ -15,12 +15,12 @@ use crate::model::{Confirmation, SeatSlot, Shortfall, Taken};
 pub enum Error {
     #[error("{0}")]
     InvalidRequest(String),
-    #[error("show ids are 1-64 characters from [A-Za-z0-9_.-]")]
-    InvalidShow,
-    #[error("seat ids are 1-64 characters from [A-Za-z0-9_.-]")]
-    InvalidSeat,
-    #[error("pool ids are 1-64 characters from [A-Za-z0-9_.-]")]
-    InvalidPool,
+    #[error("show id {0:?} is not 1-64 characters from [A-Za-z0-9_.-]")]
+    InvalidShow(String),
+    #[error("seat id {0:?} is not 1-64 characters from [A-Za-z0-9_.-]")]
+    InvalidSeat(String),
+    #[error("pool id {0:?} is not 1-64 characters from [A-Za-z0-9_.-]")]
+    InvalidPool(String),
     #[error("holder ids are 1-128 characters from [A-Za-z0-9_.:@-]")]
     InvalidHolder,
     #[error("{0}")]
@@ -82,9 +82,9 @@ impl Error {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::InvalidRequest(_)
-            | Self::InvalidShow
-            | Self::InvalidSeat
-            | Self::InvalidPool
+            | Self::InvalidShow(_)
+            | Self::InvalidSeat(_)
+            | Self::InvalidPool(_)
             | Self::InvalidHolder
             | Self::InvalidTtl(_)
             | Self::DuplicateSeat(_)
@@ -114,9 +114,9 @@ impl Error {
     pub fn code(&self) -> &'static str {
         match self {
             Self::InvalidRequest(_) => "invalid_request",
-            Self::InvalidShow => "invalid_show",
-            Self::InvalidSeat => "invalid_seat",
-            Self::InvalidPool => "invalid_pool",
+            Self::InvalidShow(_) => "invalid_show",
+            Self::InvalidSeat(_) => "invalid_seat",
+            Self::InvalidPool(_) => "invalid_pool",
             Self::InvalidHolder => "invalid_holder",
             Self::InvalidTtl(_) => "invalid_ttl",
             Self::DuplicateSeat(_) => "duplicate_seat",

@@ -20,6 +20,15 @@ pub fn valid_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
+/// `id` as an error names it: at most 80 characters, so that a client's
+/// megabyte of garbage is not echoed back.
+fn truncated(id: &str) -> String {
+    match id.char_indices().nth(80) {
+        Some((at, _)) => format!("{}…", &id[..at]),
+        None => id.to_owned(),
+    }
+}
+
 /// Defines a string newtype that can only hold a valid id.
 macro_rules! id_type {
     ($(#[$doc:meta])* $name:ident, $error:expr) => {
@@ -34,7 +43,7 @@ macro_rules! id_type {
                 if valid_id(id) {
                     Ok(Self(id.to_owned()))
                 } else {
-                    Err($error(id))
+                    Err($error(truncated(id)))
                 }
             }
 
@@ -76,18 +85,18 @@ id_type!(
     /// A show id: the partition of an on-sale; every key of a show shares
     /// its hash tag.
     ShowId,
-    |_| Error::InvalidShow
+    Error::InvalidShow
 );
 id_type!(
     /// A seat id within a show.
     SeatId,
-    |_| Error::InvalidSeat
+    Error::InvalidSeat
 );
 
 id_type!(
     /// A pool id within a show: general admission areas, limited stock.
     PoolId,
-    |_| Error::InvalidPool
+    Error::InvalidPool
 );
 
 /// Longest holder id accepted.

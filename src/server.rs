@@ -147,9 +147,9 @@ pub async fn run(
     accept.until(shutdown).await;
 
     app.readiness.start_shutdown();
-    let drain = Duration::from_millis(opts.shutdown_drain_ms);
+    let drain = opts.shutdown_drain();
     tracing::info!(
-        drain_ms = opts.shutdown_drain_ms,
+        drain_ms = drain.as_millis() as u64,
         "shutdown requested: /readyz answers 503; draining"
     );
     accept.until(tokio::time::sleep(drain)).await;
@@ -371,6 +371,7 @@ fn page_base(listener: &TcpListener, opts: &Options) -> String {
 pub async fn dev(dev: DevOptions, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
     let mut opts = dev.options;
     opts.validate()?;
+    opts.refuse_for_dev()?;
     let listener = bind(&opts).await?;
     say!(
         "starting a local Redis Cluster ({} masters, {} replicas each)...",
@@ -385,8 +386,9 @@ pub async fn dev(dev: DevOptions, shutdown: impl Future<Output = ()>) -> Result<
     })
     .await?;
     opts.redis_nodes = cluster.seed_urls();
-    // Nothing balances load in front of a dev server: stop at once.
-    opts.shutdown_drain_ms = 0;
+    // Nothing balances load in front of a dev server: stop at once, unless
+    // asked otherwise.
+    opts.shutdown_drain_ms = opts.shutdown_drain_ms.or(Some(0));
     let url = format!("http://{}", listener.local_addr().unwrap_or(opts.listen));
     say!("Redis Cluster nodes: {}", opts.redis_nodes.join(","));
     say!("Redis data folder:   {}", cluster.dir().display());

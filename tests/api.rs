@@ -744,6 +744,14 @@ async fn batch_seat_states() {
         let (status, body) = s.get(&path).await;
         common::assert_error(status, &body, 400, code);
     }
+    // The message names the offending id.
+    let (_, body) = s.get(&format!("/v1/shows/{sh}/seats/B:1")).await;
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("\"B:1\"")),
+        "{body}"
+    );
 }
 
 #[tokio::test]

@@ -40,6 +40,26 @@ fn bad_configuration_stops_start_up_with_a_clear_message() {
             &[],
             "no Redis seed nodes",
         ),
+        // A bare `seathold` points at `seathold dev`.
+        (&[], &[], "run `seathold dev`"),
+        // A seed without a scheme: the message shows the URL to write.
+        (
+            &["--redis-nodes", "127.0.0.1:7000", "--listen", "127.0.0.1:0"],
+            &[],
+            "redis://127.0.0.1:7000",
+        ),
+        // `dev` makes its own cluster: Redis settings are refused, not
+        // silently ignored.
+        (
+            &["dev", "--listen", "127.0.0.1:0", "--redis-username", "bob"],
+            &[],
+            "does not use --redis-username",
+        ),
+        (
+            &["dev", "--listen", "127.0.0.1:0"],
+            &[("SEATHOLD_REDIS_NODES", "redis://127.0.0.1:1")],
+            "does not use --redis-nodes",
+        ),
         (
             &["--redis-nodes", "not a url", "--listen", "127.0.0.1:0"],
             &[],

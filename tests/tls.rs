@@ -98,7 +98,7 @@ fn options(seeds: Vec<String>, ca: Option<PathBuf>) -> Options {
         redis_nodes: seeds,
         redis_ca_file: ca,
         listen: "127.0.0.1:0".parse().expect("an address"),
-        shutdown_drain_ms: 0,
+        shutdown_drain_ms: Some(0),
         ..Options::default()
     }
 }

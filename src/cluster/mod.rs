@@ -63,7 +63,7 @@ pub struct RedisOptions {
 /// Errors of the cluster configuration, found before anything connects.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("no Redis seed nodes given (--redis-nodes / SEATHOLD_REDIS_NODES)")]
+    #[error("no Redis seed nodes given (--redis-nodes / SEATHOLD_REDIS_NODES); to try seathold on a local cluster it starts itself, run `seathold dev`")]
     NoNodes,
     #[error("Redis node URL {url:?} is not usable: {reason}")]
     BadUrl { url: String, reason: String },
@@ -508,7 +508,15 @@ fn seed_info(url: &str, opts: &RedisOptions) -> Result<ConnectionInfo, ConfigErr
         url: url.to_owned(),
         reason,
     };
-    let info = url.into_connection_info().map_err(|e| bad(e.to_string()))?;
+    let info = url.into_connection_info().map_err(|e| {
+        if url.contains("://") {
+            bad(e.to_string())
+        } else {
+            bad(format!(
+                "{e}; seed nodes are URLs: redis://{url} (or rediss:// for TLS)"
+            ))
+        }
+    })?;
     if !matches!(
         info.addr(),
         ConnectionAddr::Tcp(..) | ConnectionAddr::TcpTls { .. }

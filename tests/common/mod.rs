@@ -68,7 +68,7 @@ pub fn options() -> Options {
     Options {
         redis_nodes: cluster().seed_urls(),
         listen: "127.0.0.1:0".parse().expect("addr"),
-        shutdown_drain_ms: 0,
+        shutdown_drain_ms: Some(0),
         ..Options::default()
     }
 }
