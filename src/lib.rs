@@ -19,13 +19,15 @@
 //! - [`idempotency`]: `Idempotency-Key`s, request fingerprints, recorded outcomes.
 //! - [`model`]: every body the API answers with, typed.
 //! - [`error`]: the one error type, its status codes and bodies.
-//! - [`hold`]: the hold operations: typed ids in, one script, a shaped answer.
+//! - [`hold`]: the hold operations: typed ids in, one script, a shaped
+//!   answer; holds, changes, pools and settings.
 //! - [`keys`]: the key schema and hash slots (CRC16 as Redis does).
 //! - [`scripts`]: the Lua scripts of `lua/`, run by EVALSHA.
 //! - [`cluster`]: the Redis Cluster side: slot map, direct per-master path,
 //!   confirm's dedicated connections and `WAIT`, fault classes, the request
 //!   deadline, readiness.
-//! - [`events`]: event streams: `expired` events once, per-show readers, SSE.
+//! - [`events`]: event streams: `expired` events once, per-show readers,
+//!   SSE, and the local seat view of busy shows.
 //! - [`ui`]: the live seat-map page, compiled in.
 //! - [`expiry`]: keyspace events of expired holds: the sweeper's wake-up hint.
 //! - [`metrics`]: metric names, the Prometheus recorder and its upkeep.
