@@ -105,10 +105,25 @@ pub struct ChangeBody {
     pub pools: serde_json::Map<String, serde_json::Value>,
 }
 
-/// A count field: an integer from `min`; 400 `invalid_request` otherwise.
+/// A count field: an integer from `min` to `u32::MAX`; 400
+/// `invalid_request` otherwise. As for `ttlMs`, an integer is a number
+/// without a fractional part however it is written (`2`, `2.0`, `2e0`), as
+/// JSON Schema's `integer` (and so the OpenAPI document) has it.
 pub fn count(value: &serde_json::Value, name: &str, min: u64) -> Result<u64, Error> {
-    match value.as_u64() {
-        Some(n) if n >= min && n <= u64::from(u32::MAX) => Ok(n),
+    let max = u64::from(u32::MAX);
+    let n = match value {
+        serde_json::Value::Number(n) => match (n.as_u64(), n.as_f64()) {
+            (Some(v), _) => Some(v),
+            // Past u32::MAX is refused anyway; the bound keeps the cast exact.
+            (None, Some(f)) if f.fract() == 0.0 && (0.0..=max as f64).contains(&f) => {
+                Some(f as u64)
+            }
+            _ => None,
+        },
+        _ => None,
+    };
+    match n {
+        Some(n) if n >= min && n <= max => Ok(n),
         _ => Err(Error::InvalidRequest(format!(
             "{name} must be an integer of at least {min}"
         ))),
@@ -274,5 +289,34 @@ mod tests {
             assert_eq!(ttl(raw), want, "{raw}");
         }
         assert_eq!(ttl("1e30"), Some(Some(u64::MAX)));
+    }
+
+    #[test]
+    fn counts_are_integers_however_written() {
+        let count =
+            |raw: &str, min| count(&serde_json::from_str(raw).expect("json"), "n", min).ok();
+        for (raw, min, want) in [
+            ("2", 1, Some(2)),
+            ("2.0", 1, Some(2)),
+            ("2e0", 1, Some(2)),
+            ("0", 0, Some(0)),
+            ("0.0", 0, Some(0)),
+            ("-0.0", 0, Some(0)),
+            ("0", 1, None),
+            ("0.0", 1, None),
+            ("4294967295", 0, Some(4_294_967_295)),
+            ("4294967295.0", 0, Some(4_294_967_295)),
+            ("4294967296", 0, None),
+            ("4294967296.0", 0, None),
+            ("1e30", 0, None),
+            ("-1", 0, None),
+            ("-1.0", 0, None),
+            ("1.5", 0, None),
+            ("\"2\"", 0, None),
+            ("null", 0, None),
+            ("true", 0, None),
+        ] {
+            assert_eq!(count(raw, min), want, "{raw} from {min}");
+        }
     }
 }
