@@ -7,14 +7,15 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use super::lookup::Found;
-use super::plan::{check_one_slot, ints, replay_of, taken, Tail};
+use super::plan::{check_one_slot, ints, refusal, replay_of, Tail};
 use super::{count, Answer, Service};
 use crate::cluster::{Deadline, RedisFault};
 use crate::error::Error;
+use crate::events::view::SeatView;
 use crate::idempotency::{Idem, Recorded};
 use crate::ids::{HoldToken, SeatId, ShowId};
 use crate::metrics as m;
-use crate::model::{Contents, Hold, Seats, Shortfall, State, Taken};
+use crate::model::{Contents, Hold, Seats, State, Taken};
 
 impl Service {
     /// Holds `contents`, all or nothing. `home` is the show whose routes
@@ -31,27 +32,7 @@ impl Service {
         self.check_contents(home, &contents)?;
         let ttl = self.ttl(ttl_ms)?;
         check_one_slot(home, &contents)?;
-        // A busy show's view may know the hold cannot succeed. It never
-        // grants, and it does not answer for pools, holders, or requests
-        // whose outcome must be recorded under an idempotency key.
-        let view = match (&contents.seats, &contents.holder, idem) {
-            (Seats::Show(seats), None, None) if contents.pools.is_empty() => {
-                self.view(home).map(|v| (v, seats.clone()))
-            }
-            _ => None,
-        };
-        if let Some((view, seats)) = &view {
-            if let Some(taken) = view.refusal(seats) {
-                count(m::HOLD_CONFLICTS, 1);
-                metrics::counter!(m::VIEW_ANSWERS, "kind" => "conflict").increment(1);
-                let taken = taken
-                    .into_iter()
-                    .map(|(seat, state)| Taken::new(None, seat, state))
-                    .collect();
-                return Err(Error::SeatsTaken(taken, Vec::new()));
-            }
-        }
-        let position = view.as_ref().map(|(v, _)| v.position());
+        let view = self.consult_view(home, &contents, idem)?;
 
         let token = HoldToken::new();
         let shows: Vec<ShowId> = contents.by_show(home).into_keys().collect();
@@ -75,8 +56,7 @@ impl Service {
         let (idem_key, fingerprint) = self.idem_args(home, idem);
         key_list.extend(idem_key);
 
-        let encoded = contents.encode(home);
-        let kind = contents.kind();
+        let (encoded, kind) = (contents.encode(home), contents.kind());
         // Without a key, nobody can find this hold again unless its answer
         // arrives: it is abandoned when the script may have run but the
         // request ends without that answer, by a 503 or by being dropped
@@ -110,7 +90,6 @@ impl Service {
             let recorded = Recorded::parse(&recorded, idem)?;
             return self.replay_hold(deadline, home, contents, &recorded).await;
         }
-        let multi = contents.seats.is_multi();
         match ints(&reply).unwrap_or_default().as_slice() {
             [1, fence, pttl, now] => {
                 count(m::HOLDS, 1);
@@ -128,51 +107,50 @@ impl Service {
                     *now,
                 )))
             }
-            [0, rest @ ..] if rest.len() % 3 == 0 => {
-                count(m::HOLD_CONFLICTS, 1);
-                let taken = taken(rest, &pairs, multi);
-                if let (Some((view, _)), Some(position)) = (&view, position) {
-                    view.learn(position, &learned(&taken));
+            reply => {
+                let multi = contents.seats.is_multi();
+                let err = refusal(reply, &pairs, &contents.pools, multi).unwrap_or_else(|| {
+                    Error::Internal(format!("unexpected reply of hold.lua: {reply:?}"))
+                });
+                if let (Error::SeatsTaken(taken, _), Some((view, position))) = (&err, &view) {
+                    view.learn(*position, &learned(taken));
                 }
-                Err(Error::SeatsTaken(taken, Vec::new()))
+                Err(err)
             }
-            [-5, n, rest @ ..] => {
-                count(m::HOLD_CONFLICTS, 1);
-                let n = usize::try_from(*n).unwrap_or(0).min(rest.len());
-                let (seats, pools) = rest.split_at(n);
-                let short: Vec<Shortfall> = pools
-                    .chunks_exact(3)
-                    .filter_map(|c| {
-                        let p = contents
-                            .pools
-                            .get(usize::try_from(c[0]).ok()?.checked_sub(1)?)?;
-                        Some(Shortfall {
-                            show: multi.then(|| p.show.clone()),
-                            pool: p.pool.clone(),
-                            requested: p.quantity,
-                            available: c[2],
-                        })
-                    })
-                    .collect();
-                Err(if seats.is_empty() {
-                    Error::PoolExhausted(short)
-                } else {
-                    Error::SeatsTaken(taken(seats, &pairs, multi), short)
-                })
-            }
-            [-6, limit, current, requested] => {
-                count(m::HOLD_CONFLICTS, 1);
-                count(m::HOLDER_LIMIT_REJECTIONS, 1);
-                Err(Error::HolderLimit {
-                    limit: *limit,
-                    current: *current,
-                    requested: *requested,
-                })
-            }
-            _ => Err(Error::Internal(format!(
-                "unexpected reply of hold.lua: {reply:?}"
-            ))),
         }
+    }
+
+    /// A busy show's view may know that a hold cannot succeed: then the
+    /// answer is its 409. It never grants, and it does not answer for pools,
+    /// holders, or requests whose outcome must be recorded under an
+    /// idempotency key. Answers the view and its position for learning from
+    /// the answer Redis gives instead.
+    fn consult_view(
+        &self,
+        home: &ShowId,
+        contents: &Contents,
+        idem: Option<&Idem>,
+    ) -> Result<Option<(Arc<SeatView>, u64)>, Error> {
+        let (Seats::Show(seats), None, None) = (&contents.seats, &contents.holder, idem) else {
+            return Ok(None);
+        };
+        if !contents.pools.is_empty() {
+            return Ok(None);
+        }
+        let Some(view) = self.view(home) else {
+            return Ok(None);
+        };
+        if let Some(taken) = view.refusal(seats) {
+            count(m::HOLD_CONFLICTS, 1);
+            metrics::counter!(m::VIEW_ANSWERS, "kind" => "conflict").increment(1);
+            let taken = taken
+                .into_iter()
+                .map(|(seat, state)| Taken::new(None, seat, state))
+                .collect();
+            return Err(Error::SeatsTaken(taken, Vec::new()));
+        }
+        let position = view.position();
+        Ok(Some((view, position)))
     }
 
     /// What needs no Redis: something to hold, at most

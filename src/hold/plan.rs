@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::ids::{HoldToken, SeatId, ShowId};
 use crate::keys;
 use crate::metrics as m;
-use crate::model::{Contents, SeatSlot, ShowPart, State, Taken};
+use crate::model::{Contents, PoolUnits, SeatSlot, Shortfall, ShowPart, State, Taken};
 
 /// The tail of a write script, for one hold: per pool (its hash and holds),
 /// per show with a holder (its settings for hold.lua, the holder's holds and
@@ -166,6 +166,56 @@ pub(super) fn taken(triples: &[i64], pairs: &[(&ShowId, &SeatId)], multi: bool) 
             ))
         })
         .collect()
+}
+
+/// The 409 a write script's refusal stands for, counted: `{0, seat
+/// triples}` (taken seats), `{-5, n, n seat values, pool triples (index,
+/// requested, available)}` (short pools, maybe taken seats too), `{-6,
+/// limit, current, requested}` (past the holder limit). `None` for any
+/// other reply. `pairs` and `pools` are what the triples' indexes count.
+pub(super) fn refusal(
+    reply: &[i64],
+    pairs: &[(&ShowId, &SeatId)],
+    pools: &[PoolUnits],
+    multi: bool,
+) -> Option<Error> {
+    let err = match reply {
+        [0, rest @ ..] if !rest.is_empty() && rest.len() % 3 == 0 => {
+            Error::SeatsTaken(taken(rest, pairs, multi), Vec::new())
+        }
+        [-5, n, rest @ ..] => {
+            let n = usize::try_from(*n).ok()?.min(rest.len());
+            let (seats, short) = rest.split_at(n);
+            let short: Vec<Shortfall> = short
+                .chunks_exact(3)
+                .filter_map(|c| {
+                    let p = pools.get(usize::try_from(c[0]).ok()?.checked_sub(1)?)?;
+                    Some(Shortfall {
+                        show: multi.then(|| p.show.clone()),
+                        pool: p.pool.clone(),
+                        requested: u32::try_from(c[1]).ok()?,
+                        available: c[2],
+                    })
+                })
+                .collect();
+            if seats.is_empty() {
+                Error::PoolExhausted(short)
+            } else {
+                Error::SeatsTaken(taken(seats, pairs, multi), short)
+            }
+        }
+        [-6, limit, current, requested] => {
+            metrics::counter!(m::HOLDER_LIMIT_REJECTIONS).increment(1);
+            Error::HolderLimit {
+                limit: *limit,
+                current: *current,
+                requested: *requested,
+            }
+        }
+        _ => return None,
+    };
+    metrics::counter!(m::HOLD_CONFLICTS).increment(1);
+    Some(err)
 }
 
 /// Refuses a hold whose shows do not share one hash slot, naming the slot
