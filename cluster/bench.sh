@@ -314,16 +314,33 @@ daemon_counters() {
 # left by earlier steps (they live 300 s) would make later steps pay for
 # growing and rehashing a big keyspace the raw step never had. Measured
 # side by side: about 10% on single-seat holds, and most of the noise.
+#
+# A write can still land after the FLUSHALL: a request that the load
+# generator dropped when it stopped (at the end of a warm-up or a step) has
+# its hold abandoned in the background, which leaves a tombstone for the
+# hold's TTL (300 s), and a slow daemon (a debug build on a busy machine)
+# may run that after the FLUSHALL. So the masters are flushed again while a
+# replica still has keys, until every node is empty.
 empty_cluster() {
-  local port deadline=$((SECONDS + 60))
-  for port in "${master_ports[@]}"; do
-    redis-cli -h 127.0.0.1 -p "$port" flushall >/dev/null || die "FLUSHALL on $port failed"
-  done
-  for port in "${replica_ports[@]}"; do
-    until [[ "$(redis-cli -h 127.0.0.1 -p "$port" dbsize)" == 0 ]]; do
-      ((SECONDS < deadline)) || die "replica $port still has keys 60 s after FLUSHALL"
+  local port deadline=$((SECONDS + 60)) busy
+  while :; do
+    for port in "${master_ports[@]}"; do
+      redis-cli -h 127.0.0.1 -p "$port" flushall >/dev/null || die "FLUSHALL on $port failed"
+    done
+    local settle=$((SECONDS + 2))
+    while :; do
+      busy=""
+      for port in "${master_ports[@]}" "${replica_ports[@]}"; do
+        if [[ "$(redis-cli -h 127.0.0.1 -p "$port" dbsize)" != 0 ]]; then busy=$port; break; fi
+      done
+      [[ -n "$busy" ]] || return 0
+      ((SECONDS < settle)) || break
       sleep 0.1
     done
+    local sample
+    sample=$(redis-cli -h 127.0.0.1 -p "$busy" --scan 2>/dev/null | head -n 3 | tr '\n' ' ')
+    ((SECONDS < deadline)) || die "node $busy still has keys 60 s after FLUSHALL: $sample"
+    echo "    (keys written after FLUSHALL on $busy, e.g. $sample; flushing again)" >&2
   done
 }
 
