@@ -137,10 +137,20 @@ end
 
 local new_fence
 if E == 1 then
-  local id = redis.call('XADD', KEYS[ek + 1], 'MAXLEN', '~', ARGV[13], '*',
+  local stream = KEYS[ek + 1]
+  local id = redis.call('XADD', stream, 'MAXLEN', '~', ARGV[13], '*',
     't', 'modified', 'r', ARGV[3], 's', ARGV[15], 'x', at)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  new_fence = tonumber(ms) * 1000 + tonumber(seq)
+  ms, seq = tonumber(ms), tonumber(seq)
+  -- As in hold.lua: past 999 events in one millisecond (or on a clock that
+  -- went back, when ids carry on from the last one), ms x 1000 + sequence
+  -- would reach the next millisecond's fences; move to the next ms.
+  if seq > 999 then
+    redis.call('XDEL', stream, id)
+    ms, seq = ms + 1, 0
+    redis.call('XADD', stream, ms .. '-0', 't', 'modified', 'r', ARGV[3], 's', ARGV[15], 'x', at)
+  end
+  new_fence = ms * 1000 + seq
   redis.call('ZREM', KEYS[ek], ARGV[3] .. ' ' .. fence .. ' ' .. ARGV[14])
   redis.call('ZADD', KEYS[ek], at, string.format('%s %d %s', ARGV[3], new_fence, ARGV[15]))
 else
