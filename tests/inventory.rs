@@ -882,15 +882,22 @@ async fn patch_a_hold() {
         .await
         .expect("GET E9");
     assert_eq!(e9, t, "E9 is held by the token");
-    let pttl = |key: String| {
+    // The added seat expires with the hold, to the millisecond.
+    let expire_at = |key: String| {
         let mut r = r.clone();
-        async move { r.pttl::<_, i64>(key).await.expect("PTTL") }
+        async move {
+            redis::cmd("PEXPIRETIME")
+                .arg(key)
+                .query_async::<i64>(&mut r)
+                .await
+                .expect("PEXPIRETIME")
+        }
     };
     let (e8, e9) = (
-        pttl(format!("seat-hold:{{show:{sh}}}:E8")).await,
-        pttl(format!("seat-hold:{{show:{sh}}}:E9")).await,
+        expire_at(format!("seat-hold:{{show:{sh}}}:E8")).await,
+        expire_at(format!("seat-hold:{{show:{sh}}}:E9")).await,
     );
-    assert!((e8 - e9).abs() <= 5, "E8 {e8} ms, E9 {e9} ms");
+    assert_eq!((e8, e9), (millis(&hold["expiresAt"]), e8));
     assert_eq!(api.pool(&sh, "floor").await, (10, 8, 0, 2));
     let (status, read) = api.get(&path).await;
     assert_eq!(status, 200, "{read}");
