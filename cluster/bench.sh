@@ -16,6 +16,8 @@ Starts `seathold dev` (a fresh local Redis Cluster plus the daemon, all on
   hot1  single-seat holds that all go to one hot show (one slot, one master)
   hot4  four-seat holds that all go to one hot show
   read  GET /v1/shows/{show}/seats/{seat}, random show, free seat
+  pool1 POST /v1/shows/{show}/holds {"pools":{"coupons":1}}: one unit each of
+        one hot pool (created with a PUT before the step, capacity 100000000)
 
 then a growth table (N-seat holds for N = 1 2 4 8 16 20 over /holds),
 single-seat holds on a fresh 1-master cluster versus a fresh 3-master
@@ -108,7 +110,7 @@ is_uint "$wait_idle" || die "--wait-idle must be a whole number of seconds"
 is_uint "$retries" || die "--retries must be a whole number"
 if ! is_uint "$rounds" || ((rounds < 1)); then die "--rounds must be >= 1"; fi
 for s in ${sections//,/ }; do
-  case "$s" in main|growth|masters) ;; *) die "unknown section '$s' (main, growth, masters)" ;; esac
+  case "$s" in main|growth|masters|events) ;; *) die "unknown section '$s' (main, growth, masters, events)" ;; esac
 done
 has_section() { [[ ",$sections," == *",$1,"* ]]; }
 
@@ -131,7 +133,7 @@ fi
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$script_dir/.." && pwd)
 lua_dir="$script_dir/bench"
-for f in common.lua hold1.lua holds.lua read.lua; do
+for f in common.lua hold1.lua holds.lua read.lua pool1.lua; do
   [[ -f "$lua_dir/$f" ]] || die "missing $lua_dir/$f"
 done
 
@@ -314,16 +316,33 @@ daemon_counters() {
 # left by earlier steps (they live 300 s) would make later steps pay for
 # growing and rehashing a big keyspace the raw step never had. Measured
 # side by side: about 10% on single-seat holds, and most of the noise.
+#
+# A write can still land after the FLUSHALL: a request that the load
+# generator dropped when it stopped (at the end of a warm-up or a step) has
+# its hold abandoned in the background, which leaves a tombstone for the
+# hold's TTL (300 s), and a slow daemon (a debug build on a busy machine)
+# may run that after the FLUSHALL. So the masters are flushed again while a
+# replica still has keys, until every node is empty.
 empty_cluster() {
-  local port deadline=$((SECONDS + 60))
-  for port in "${master_ports[@]}"; do
-    redis-cli -h 127.0.0.1 -p "$port" flushall >/dev/null || die "FLUSHALL on $port failed"
-  done
-  for port in "${replica_ports[@]}"; do
-    until [[ "$(redis-cli -h 127.0.0.1 -p "$port" dbsize)" == 0 ]]; do
-      ((SECONDS < deadline)) || die "replica $port still has keys 60 s after FLUSHALL"
+  local port deadline=$((SECONDS + 60)) busy
+  while :; do
+    for port in "${master_ports[@]}"; do
+      redis-cli -h 127.0.0.1 -p "$port" flushall >/dev/null || die "FLUSHALL on $port failed"
+    done
+    local settle=$((SECONDS + 2))
+    while :; do
+      busy=""
+      for port in "${master_ports[@]}" "${replica_ports[@]}"; do
+        if [[ "$(redis-cli -h 127.0.0.1 -p "$port" dbsize)" != 0 ]]; then busy=$port; break; fi
+      done
+      [[ -n "$busy" ]] || return 0
+      ((SECONDS < settle)) || break
       sleep 0.1
     done
+    local sample
+    sample=$(redis-cli -h 127.0.0.1 -p "$busy" --scan 2>/dev/null | head -n 3 | tr '\n' ' ')
+    ((SECONDS < deadline)) || die "node $busy still has keys 60 s after FLUSHALL: $sample"
+    echo "    (keys written after FLUSHALL on $busy, e.g. $sample; flushing again)" >&2
   done
 }
 
@@ -361,14 +380,29 @@ run_client() {
   client_cpu=$(awk 'NR == FNR { a = $1; next } { printf "%.3f", $1 - a }' "$work/cpu0" "$work/cpu1")
 }
 
+# create_pool SHOW POOL: PUT /v1/shows/SHOW/pools/POOL with a capacity no
+# step can use up; dies unless the daemon answers 200.
+pool_capacity=100000000
+create_pool() {
+  local code
+  code=$(curl -s -o "$work/pool.out" -w '%{http_code}' --max-time 5 -X PUT \
+    -H 'Content-Type: application/json' -d "{\"capacity\":$pool_capacity}" \
+    "$url/v1/shows/$1/pools/$2" || true)
+  [[ "$code" == 200 ]] || die "PUT pool $1/$2 answered ${code:-nothing}: $(cat "$work/pool.out" 2>/dev/null)"
+}
+
 # measure_client CMD...: one measured run of a load generator on an emptied
 # cluster: output in $work/step.out and step.err, exit code in client_rc,
 # and in probes the arguments finish_step needs (CPU, keys and daemon
-# counters before and after, wall and client CPU seconds).
+# counters before and after, wall and client CPU seconds). A step that
+# needs something in the emptied cluster first names it in prepare (a
+# command and its arguments), run after the emptying.
 probes=()
+prepare=()
 measure_client() {
   local c0 c1 k0 k1 d0 d1 t0 t1 wall
   empty_cluster
+  if ((${#prepare[@]})); then "${prepare[@]}"; fi
   wait_for_idle
   k0=$(master_keys)
   d0=$(daemon_counters)
@@ -456,12 +490,18 @@ noisy_mark() {
 }
 
 # run_wrk SECTION STEP LUA EXPECT SEATS SHOWS: warm up, then measure with wrk.
+# pool1.lua's hot pool is created before the warm-up and, after the
+# cluster is emptied, before each measured run (see measure_wrk).
+bench_pool=coupons
 run_wrk() {
   local section=$1 step=$2 lua=$3 expect=$4 seats=$5 shows=$6
-  local env=(BENCH_EXPECT="$expect" BENCH_SEATS="$seats" BENCH_SHOWS="$shows")
+  local env=(BENCH_EXPECT="$expect" BENCH_SEATS="$seats" BENCH_SHOWS="$shows" BENCH_POOL="$bench_pool")
   local wrk_args=(-t "$threads" -c "$connections" --timeout 5s -s "$lua_dir/$lua" "$url")
+  step_pool=""
+  [[ "$lua" != pool1.lua ]] || step_pool=$bench_pool
   echo "  $section/$step: warm-up ${warmup}s, then ${duration}s" >&2
   if ((warmup > 0)); then
+    if [[ -n "$step_pool" ]]; then create_pool "${run_id}w$step-hot" "$step_pool"; fi
     env "${env[@]}" BENCH_RUN="${run_id}w$step" timeout $((warmup + 30)) \
       wrk -d "${warmup}s" "${wrk_args[@]}" >"$work/warm.out" 2>&1 ||
       { cat "$work/warm.out" >&2; die "wrk warm-up of $step failed"; }
@@ -477,8 +517,11 @@ measure_wrk() {
   while [[ "$1" != -- ]]; do env+=("$1"); shift; done
   shift
   local wrk_args=("$@")
+  prepare=()
+  if [[ -n "$step_pool" ]]; then prepare=(create_pool "${run_id}m${step}a$attempt-hot" "$step_pool"); fi
   measure_client env "${env[@]}" BENCH_RUN="${run_id}m${step}a$attempt" \
     timeout $((duration + 30)) wrk -d "${duration}s" "${wrk_args[@]}"
+  prepare=()
   if ((client_rc != 0)) || ! grep -q '^BENCH' "$work/step.out"; then
     cat "$work/step.out" "$work/step.err" >&2
     die "wrk failed in step $step (exit $client_rc)"
@@ -672,7 +715,8 @@ if has_section main || has_section growth; then
       "hold4 holds.lua 201 4 1000000 POST .../holds, 4 seats, random show"
       "hot1 hold1.lua 201 1 0 POST .../seats/{seat}/hold, one hot show"
       "hot4 holds.lua 201 4 0 POST .../holds, 4 seats, one hot show"
-      "read read.lua 200 1 1000000 GET .../seats/{seat}, random show")
+      "read read.lua 200 1 1000000 GET .../seats/{seat}, random show"
+      "pool1 pool1.lua 201 1 0 POST .../holds, 1 unit of one hot pool")
     declare -A M=()
     for ((round = 1; round <= rounds; round++)); do
       echo "  main: round $round of $rounds" >&2

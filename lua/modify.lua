@@ -20,15 +20,21 @@
 -- ARGV[12], ARGV[13]      E, and the approximate cap of the stream
 -- ARGV[14], ARGV[15]      old and new items as events name them ("E7 @floor=2")
 -- ARGV[16], ARGV[17]      old and new units of the hold (seats + pool units)
+-- ARGV[18]                the fence of the record the change was computed from
 -- then U pairs: the old and new quantity of pool u
 --
--- Every seat the hold keeps or gives back must still carry the token, or
--- nothing changes ({0}). Added seats are checked like hold.lua's, pools with
--- Redis's clock (expired holds give their units back first), the holder
--- limit on what the change adds. Returns {1, fence, pttl_ms, now_ms};
--- {0}; {2, i, state, pttl, ...} for taken added seats (i 1-based among the
--- added); {-5, j, requested, available, ...} for short pools; {-6, limit,
--- current, requested}; {-3, record} when the idempotency record exists.
+-- The change was computed from the record the caller read (its fence is
+-- ARGV[18]); when the record has changed since (a concurrent PATCH), nothing
+-- changes and the answer is {-7}: the caller reads it again and recomputes,
+-- so that no change is lost and the old seats, quantities and units given
+-- here are the hold's. Every seat the hold keeps or gives back must still
+-- carry the token, or nothing changes ({0}). Added seats are checked like
+-- hold.lua's, pools with Redis's clock (expired holds give their units back
+-- first), the holder limit on what the change adds. Returns {1, fence,
+-- pttl_ms, now_ms}; {0}; {-7}; {2, i, state, pttl, ...} for taken added
+-- seats (i 1-based among the added); {-5, j, requested, available, ...} for
+-- short pools; {-6, limit, current, requested}; {-3, record} when the
+-- idempotency record exists.
 local token = ARGV[1]
 local K, R, A, U = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local H, E = tonumber(ARGV[10]), tonumber(ARGV[12])
@@ -45,6 +51,7 @@ end
 local record = redis.call('GET', KEYS[1])
 local fence, created = string.match(record or '', '^(%d+) (%d+) ')
 if not fence then return {0} end
+if fence ~= ARGV[18] then return {-7} end
 for i = ks, as - 1 do
   if redis.call('GET', KEYS[i]) ~= token then return {0} end
 end
@@ -82,7 +89,7 @@ end
 -- Pools that grow must have the units.
 local short = {-5}
 for u = 1, U do
-  local old, new = tonumber(ARGV[16 + 2 * u]), tonumber(ARGV[17 + 2 * u])
+  local old, new = tonumber(ARGV[17 + 2 * u]), tonumber(ARGV[18 + 2 * u])
   local pool, holds = KEYS[pk + 2 * u - 2], KEYS[pk + 2 * u - 1]
   local back = prune(holds)
   if back > 0 then redis.call('HINCRBY', pool, 'held', -back) end
@@ -123,7 +130,7 @@ for i = as, pk - 1 do
 end
 for i = rs, as - 1 do redis.call('DEL', KEYS[i]) end
 for u = 1, U do
-  local old, new = tonumber(ARGV[16 + 2 * u]), tonumber(ARGV[17 + 2 * u])
+  local old, new = tonumber(ARGV[17 + 2 * u]), tonumber(ARGV[18 + 2 * u])
   local pool, holds = KEYS[pk + 2 * u - 2], KEYS[pk + 2 * u - 1]
   local had = old > 0 and redis.call('ZREM', holds, old .. ':' .. token) == 1
   local delta = new - (had and old or 0)
@@ -137,10 +144,20 @@ end
 
 local new_fence
 if E == 1 then
-  local id = redis.call('XADD', KEYS[ek + 1], 'MAXLEN', '~', ARGV[13], '*',
+  local stream = KEYS[ek + 1]
+  local id = redis.call('XADD', stream, 'MAXLEN', '~', ARGV[13], '*',
     't', 'modified', 'r', ARGV[3], 's', ARGV[15], 'x', at)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  new_fence = tonumber(ms) * 1000 + tonumber(seq)
+  ms, seq = tonumber(ms), tonumber(seq)
+  -- As in hold.lua: past 999 events in one millisecond (or on a clock that
+  -- went back, when ids carry on from the last one), ms x 1000 + sequence
+  -- would reach the next millisecond's fences; move to the next ms.
+  if seq > 999 then
+    redis.call('XDEL', stream, id)
+    ms, seq = ms + 1, 0
+    redis.call('XADD', stream, ms .. '-0', 't', 'modified', 'r', ARGV[3], 's', ARGV[15], 'x', at)
+  end
+  new_fence = ms * 1000 + seq
   redis.call('ZREM', KEYS[ek], ARGV[3] .. ' ' .. fence .. ' ' .. ARGV[14])
   redis.call('ZADD', KEYS[ek], at, string.format('%s %d %s', ARGV[3], new_fence, ARGV[15]))
 else

@@ -134,14 +134,20 @@ impl Event {
             }
         }
         let at_ms = i64::try_from(event_id.ms).ok()?;
-        // A `held` event's fence and expiry come from its id: the script
-        // could not know the id before it wrote the entry.
+        // A `held` or `modified` event's fence (and a `held` event's expiry)
+        // come from its id: the script could not know the id before it
+        // wrote the entry.
         let (fence, expires_ms) = match kind.as_str() {
             "held" => (
                 event_id.fence(),
                 get("l")
                     .and_then(|l| l.parse::<i64>().ok())
                     .map(|l| at_ms + l),
+            ),
+            // A change's new fence is its event's id too (lua/modify.lua).
+            "modified" => (
+                event_id.fence(),
+                get("x").and_then(|x| x.parse::<i64>().ok()),
             ),
             _ => (
                 get("f").and_then(|f| f.parse().ok()).unwrap_or(0),

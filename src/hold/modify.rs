@@ -28,6 +28,12 @@ pub struct Change {
 impl Service {
     /// Changes hold `token` of `show` under the same token and expiry, all
     /// or nothing; answers the hold with its new fence.
+    ///
+    /// The change is computed from the hold as read, and modify.lua applies
+    /// it only while the hold is still that one (the same fence): when a
+    /// concurrent change came first, the hold is read again and the change
+    /// computed anew, so none is lost. The request's deadline bounds the
+    /// retries.
     pub async fn modify(
         &self,
         deadline: &Deadline,
@@ -36,16 +42,37 @@ impl Service {
         change: Change,
         idem: Option<&Idem>,
     ) -> Result<Answer<Hold>, Error> {
+        loop {
+            if let Some(answer) = self
+                .modify_once(deadline, show, &token, &change, idem)
+                .await?
+            {
+                return Ok(answer);
+            }
+        }
+    }
+
+    /// One attempt of [`Service::modify`]: `None` when the hold changed
+    /// between reading it and the script.
+    async fn modify_once(
+        &self,
+        deadline: &Deadline,
+        show: &ShowId,
+        token: &HoldToken,
+        change: &Change,
+        idem: Option<&Idem>,
+    ) -> Result<Option<Answer<Hold>>, Error> {
+        let token = token.clone();
         let lookup = self.lookup(deadline, show, &token, idem, false).await?;
         if let (Some(recorded), Some(idem)) = (lookup.recorded, idem) {
             let recorded = Recorded::parse(&recorded, idem)?;
-            return replay_extend(show, token, lookup.found, lookup.now_ms, &recorded);
+            return replay_extend(show, token, lookup.found, lookup.now_ms, &recorded).map(Some);
         }
         let Found::Hold(rec) = lookup.found else {
             return Err(Error::HoldNotFound);
         };
         let old = rec.contents;
-        let new = self.changed(show, &old, &change)?;
+        let new = self.changed(show, &old, change)?;
 
         let Seats::Show(old_seats) = &old.seats else {
             return Err(Error::InvalidRequest(
@@ -110,7 +137,8 @@ impl Service {
                     .arg(items(&old))
                     .arg(items(&new))
                     .arg(old.units())
-                    .arg(new.units());
+                    .arg(new.units())
+                    .arg(rec.fence);
                 for pool in &pool_ids {
                     c.arg(quantity(&old, pool)).arg(quantity(&new, pool));
                 }
@@ -118,22 +146,23 @@ impl Service {
             .await?;
         if let (Some(recorded), Some(idem)) = (replay_of(&reply), idem) {
             let recorded = Recorded::parse(&recorded, idem)?;
-            return replay_extend(show, token, Found::Nothing, lookup.now_ms, &recorded);
+            return replay_extend(show, token, Found::Nothing, lookup.now_ms, &recorded).map(Some);
         }
         match ints(&reply).unwrap_or_default().as_slice() {
             [1, fence, pttl, now] => {
                 if events.is_some() {
                     metrics::counter!(m::EVENTS, "type" => "modified").increment(1);
                 }
-                Ok(Answer::fresh(Hold::new(
+                Ok(Some(Answer::fresh(Hold::new(
                     token,
                     show.clone(),
                     new,
                     *fence,
                     *pttl,
                     *now,
-                )))
+                ))))
             }
+            [-7] => Ok(None),
             [0] => Err(Error::HoldNotFound),
             [2, rest @ ..] => {
                 count(m::HOLD_CONFLICTS, 1);
