@@ -112,14 +112,16 @@ local function foreign(i)
   return redis.error_reply('WRONGTYPE seat key ' .. KEYS[i] .. ' holds a value of another type')
 end
 
--- Removes the entries of a holds set (`<n>:<token>`) that expired by `now`;
--- answers the units they held.
+-- Removes the entries of a holds set (`<n>:<token>`) that expired before
+-- `now`; answers the units they held. Strictly before: Redis keeps a key
+-- through its expiry millisecond, and so does a hold (an extend in that
+-- millisecond still finds it), so its units count until then.
 local function prune(holds, now)
-  local gone = redis.call('ZRANGEBYSCORE', holds, '-inf', now)
+  local gone = redis.call('ZRANGEBYSCORE', holds, '-inf', '(' .. now)
   if #gone == 0 then return 0 end
   local units = 0
   for _, m in ipairs(gone) do units = units + (tonumber(string.match(m, '^(%d+):')) or 0) end
-  redis.call('ZREMRANGEBYSCORE', holds, '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', holds, '-inf', '(' .. now)
   return units
 end
 

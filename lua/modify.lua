@@ -31,10 +31,10 @@
 -- carry the token, or nothing changes ({0}). Added seats are checked like
 -- hold.lua's, pools with Redis's clock (expired holds give their units back
 -- first), the holder limit on what the change adds. Returns {1, fence,
--- pttl_ms, now_ms}; {0}; {-7}; {2, i, state, pttl, ...} for taken added
--- seats (i 1-based among the added); {-5, j, requested, available, ...} for
--- short pools; {-6, limit, current, requested}; {-3, record} when the
--- idempotency record exists.
+-- pttl_ms, now_ms}; {0}; {-7}; as hold.lua: {0, i, state, pttl, ...} for
+-- taken added seats (i 1-based among the added), {-5, 0, j, requested,
+-- available, ...} for short pools, {-6, limit, current, requested}; {-3,
+-- record} when the idempotency record exists.
 local token = ARGV[1]
 local K, R, A, U = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local H, E = tonumber(ARGV[10]), tonumber(ARGV[12])
@@ -63,7 +63,7 @@ local at = redis.call('PEXPIRETIME', KEYS[1])
 -- Added seats must be free.
 if A > 0 then
   local values = redis.call('MGET', unpack(KEYS, as, pk - 1))
-  local taken = {2}
+  local taken = {0}
   for i = 1, A do
     local v = values[i]
     if v then
@@ -78,16 +78,16 @@ if A > 0 then
 end
 
 local function prune(holds)
-  local gone = redis.call('ZRANGEBYSCORE', holds, '-inf', now)
+  local gone = redis.call('ZRANGEBYSCORE', holds, '-inf', '(' .. now)
   if #gone == 0 then return 0 end
   local units = 0
   for _, m in ipairs(gone) do units = units + (tonumber(string.match(m, '^(%d+):')) or 0) end
-  redis.call('ZREMRANGEBYSCORE', holds, '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', holds, '-inf', '(' .. now)
   return units
 end
 
 -- Pools that grow must have the units.
-local short = {-5}
+local short = {-5, 0}
 for u = 1, U do
   local old, new = tonumber(ARGV[17 + 2 * u]), tonumber(ARGV[18 + 2 * u])
   local pool, holds = KEYS[pk + 2 * u - 2], KEYS[pk + 2 * u - 1]
@@ -103,7 +103,7 @@ for u = 1, U do
     end
   end
 end
-if #short > 1 then return short end
+if #short > 2 then return short end
 
 -- The holder limit counts what the change adds.
 local old_units, new_units = tonumber(ARGV[16]), tonumber(ARGV[17])

@@ -13,11 +13,14 @@
 -- can never both write an expiry, and one that was not replicated before a
 -- failover is still in the new master's index, so it is written there.
 --
+-- An entry is due once Redis's clock is past its expiry (Redis keeps a key
+-- through its expiry millisecond, so an extend in that millisecond wins).
+--
 -- Returns {written, next_ms}: the events written, and the time until the
 -- next deadline of the show (0 when more are due now, -1 when none is left).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
 local written = 0
 for i = 1, #due, 2 do
   local ref, fence, seats = string.match(due[i], '^(%S+) (%d+) (.*)$')

@@ -7,14 +7,14 @@ use redis::Value;
 
 use super::change::replay_extend;
 use super::lookup::Found;
-use super::plan::{ints, replay_of, taken};
-use super::{count, Answer, Service};
+use super::plan::{ints, refusal, replay_of};
+use super::{Answer, Service};
 use crate::cluster::Deadline;
 use crate::error::Error;
 use crate::idempotency::{Idem, Recorded};
 use crate::ids::{HoldToken, PoolId, SeatId, ShowId};
 use crate::metrics as m;
-use crate::model::{Contents, Hold, PoolUnits, Seats, Shortfall};
+use crate::model::{Contents, Hold, PoolUnits, Seats};
 
 /// A change: seats to add and to give back, and new pool quantities (0
 /// gives a pool's units back).
@@ -164,42 +164,22 @@ impl Service {
             }
             [-7] => Ok(None),
             [0] => Err(Error::HoldNotFound),
-            [2, rest @ ..] => {
-                count(m::HOLD_CONFLICTS, 1);
+            reply => {
                 let pairs: Vec<(&ShowId, &SeatId)> = change.add.iter().map(|s| (show, s)).collect();
-                Err(Error::SeatsTaken(taken(rest, &pairs, false), Vec::new()))
-            }
-            [-5, rest @ ..] => {
-                count(m::HOLD_CONFLICTS, 1);
-                let short = rest
-                    .chunks_exact(3)
-                    .filter_map(|c| {
-                        let pool = pool_ids.get(usize::try_from(c[0]).ok()?.checked_sub(1)?)?;
-                        Some(Shortfall {
-                            show: None,
-                            pool: (*pool).clone(),
-                            requested: u32::try_from(c[1]).ok()?,
-                            available: c[2],
-                        })
+                let pools: Vec<PoolUnits> = pool_ids
+                    .iter()
+                    .map(|pool| PoolUnits {
+                        show: show.clone(),
+                        pool: (*pool).clone(),
+                        quantity: quantity(&new, pool),
                     })
                     .collect();
-                Err(Error::PoolExhausted(short))
+                Err(refusal(reply, &pairs, &pools, false).unwrap_or_else(|| {
+                    Error::Internal(format!("unexpected reply of modify.lua: {reply:?}"))
+                }))
             }
-            [-6, limit, current, requested] => {
-                count(m::HOLD_CONFLICTS, 1);
-                count(m::HOLDER_LIMIT_REJECTIONS, 1);
-                Err(Error::HolderLimit {
-                    limit: *limit,
-                    current: *current,
-                    requested: *requested,
-                })
-            }
-            _ => Err(Error::Internal(format!(
-                "unexpected reply of modify.lua: {reply:?}"
-            ))),
         }
     }
-
     /// The hold's contents after `change`, checked without Redis.
     fn changed(&self, show: &ShowId, old: &Contents, change: &Change) -> Result<Contents, Error> {
         let Seats::Show(seats) = &old.seats else {
