@@ -35,27 +35,15 @@ impl Service {
         let view = self.consult_view(home, &contents, idem)?;
 
         let token = HoldToken::new();
-        let shows: Vec<ShowId> = contents.by_show(home).into_keys().collect();
         let pairs: Vec<(&ShowId, &SeatId)> = contents.seats.pairs(home).collect();
-        let seat_keys: Vec<String> = pairs
-            .iter()
-            .map(|&(show, seat)| self.keys.seat(show, seat))
-            .collect();
-        let tail = Tail::new(self, home, &contents, &token, true);
-        // With events on, the stream ids give the fences.
-        let fences = if self.limits.events_max_len.is_some() {
-            0
-        } else {
-            shows.len()
-        };
-        let mut key_list = Vec::with_capacity(2 + fences + seat_keys.len() + tail.keys.len());
-        key_list.push(self.keys.hold_record(home, &token));
-        key_list.extend(shows.iter().take(fences).map(|show| self.keys.fence(show)));
-        key_list.extend(seat_keys.iter().cloned());
-        key_list.extend(tail.keys.iter().cloned());
-        let (idem_key, fingerprint) = self.idem_args(home, idem);
-        key_list.extend(idem_key);
-
+        let HoldKeys {
+            keys: key_list,
+            seat_keys,
+            shows,
+            fences,
+            tail,
+        } = self.grant_keys(home, &contents, &token, idem);
+        let (_, fingerprint) = self.idem_args(home, idem);
         let (encoded, kind) = (contents.encode(home), contents.kind());
         // Without a key, nobody can find this hold again unless its answer
         // arrives: it is abandoned when the script may have run but the
@@ -117,6 +105,42 @@ impl Service {
                 }
                 Err(err)
             }
+        }
+    }
+
+    /// The keys of `lua/hold.lua` for holding `contents` under `token`.
+    fn grant_keys(
+        &self,
+        home: &ShowId,
+        contents: &Contents,
+        token: &HoldToken,
+        idem: Option<&Idem>,
+    ) -> HoldKeys {
+        let shows: Vec<ShowId> = contents.by_show(home).into_keys().collect();
+        let seat_keys: Vec<String> = contents
+            .seats
+            .pairs(home)
+            .map(|(show, seat)| self.keys.seat(show, seat))
+            .collect();
+        let tail = Tail::new(self, home, contents, token, true);
+        // With events on, the stream ids give the fences.
+        let fences = if self.limits.events_max_len.is_some() {
+            0
+        } else {
+            shows.len()
+        };
+        let mut keys = Vec::with_capacity(2 + fences + seat_keys.len() + tail.keys.len());
+        keys.push(self.keys.hold_record(home, token));
+        keys.extend(shows.iter().take(fences).map(|show| self.keys.fence(show)));
+        keys.extend(seat_keys.iter().cloned());
+        keys.extend(tail.keys.iter().cloned());
+        keys.extend(self.idem_args(home, idem).0);
+        HoldKeys {
+            keys,
+            seat_keys,
+            shows,
+            fences,
+            tail,
         }
     }
 
@@ -262,6 +286,18 @@ impl Service {
             }
         });
     }
+}
+
+/// What [`Service::grant_keys`] lays out.
+struct HoldKeys {
+    /// Every key of the script, in its order.
+    keys: Vec<String>,
+    seat_keys: Vec<String>,
+    /// The involved shows, sorted.
+    shows: Vec<ShowId>,
+    /// Fence keys (only with events off).
+    fences: usize,
+    tail: Tail,
 }
 
 /// A hold script in flight for a request without an `Idempotency-Key`.

@@ -74,48 +74,15 @@ impl Service {
         let old = rec.contents;
         let new = self.changed(show, &old, change)?;
 
-        let Seats::Show(old_seats) = &old.seats else {
-            return Err(Error::InvalidRequest(
-                "a hold made with POST /v1/holds cannot be changed; release it and hold again"
-                    .into(),
-            ));
-        };
-        let kept: Vec<&SeatId> = old_seats
-            .iter()
-            .filter(|s| !change.remove.contains(s))
-            .collect();
-        let mut pool_ids: Vec<&PoolId> = old.pools.iter().map(|p| &p.pool).collect();
-        pool_ids.extend(change.pools.keys());
-        pool_ids.sort_unstable();
-        pool_ids.dedup();
+        let (keys, kept, pool_ids) = self.modify_keys(show, &token, &old, change, idem)?;
+        let (_, fingerprint) = self.idem_args(show, idem);
+        let events = self.limits.events_max_len;
         let quantity = |c: &Contents, pool: &PoolId| {
             c.pools
                 .iter()
                 .find(|p| &p.pool == pool)
                 .map_or(0, |p| p.quantity)
         };
-
-        let mut keys = vec![self.keys.hold_record(show, &token), self.keys.fence(show)];
-        keys.extend(kept.iter().map(|s| self.keys.seat(show, s)));
-        keys.extend(change.remove.iter().map(|s| self.keys.seat(show, s)));
-        keys.extend(change.add.iter().map(|s| self.keys.seat(show, s)));
-        for pool in &pool_ids {
-            keys.push(self.keys.pool(show, pool.as_str()));
-            keys.push(self.keys.pool_holds(show, pool.as_str()));
-        }
-        if let Some(holder) = &old.holder {
-            keys.push(self.keys.settings(show));
-            keys.push(self.keys.holder(show, holder.as_str()));
-            keys.push(self.keys.holder_sold(show, holder.as_str()));
-        }
-        let events = self.limits.events_max_len;
-        if events.is_some() {
-            keys.push(self.keys.deadlines(show));
-            keys.push(self.keys.events(show));
-        }
-        let (idem_key, fingerprint) = self.idem_args(show, idem);
-        keys.extend(idem_key);
-
         let items = |c: &Contents| c.by_show(show).remove(show).unwrap_or_default().items();
         let record = format!("{} {}", new.kind(), new.encode(show));
         let reply: Vec<Value> = self
@@ -126,7 +93,7 @@ impl Service {
                     .arg(token.hold_ref())
                     .arg(fingerprint)
                     .arg(self.limits.idempotency_ttl_ms)
-                    .arg(kept.len())
+                    .arg(kept)
                     .arg(change.remove.len())
                     .arg(change.add.len())
                     .arg(pool_ids.len())
@@ -180,6 +147,51 @@ impl Service {
             }
         }
     }
+    /// The keys of `lua/modify.lua` for changing `old` by `change`, the
+    /// number of seats kept, and every pool the hold had or will have.
+    fn modify_keys<'a>(
+        &self,
+        show: &ShowId,
+        token: &HoldToken,
+        old: &'a Contents,
+        change: &'a Change,
+        idem: Option<&Idem>,
+    ) -> Result<(Vec<String>, usize, Vec<&'a PoolId>), Error> {
+        let Seats::Show(old_seats) = &old.seats else {
+            return Err(Error::InvalidRequest(
+                "a hold made with POST /v1/holds cannot be changed; release it and hold again"
+                    .into(),
+            ));
+        };
+        let kept: Vec<&SeatId> = old_seats
+            .iter()
+            .filter(|s| !change.remove.contains(s))
+            .collect();
+        let mut pool_ids: Vec<&PoolId> = old.pools.iter().map(|p| &p.pool).collect();
+        pool_ids.extend(change.pools.keys());
+        pool_ids.sort_unstable();
+        pool_ids.dedup();
+        let mut keys = vec![self.keys.hold_record(show, token), self.keys.fence(show)];
+        keys.extend(kept.iter().map(|s| self.keys.seat(show, s)));
+        keys.extend(change.remove.iter().map(|s| self.keys.seat(show, s)));
+        keys.extend(change.add.iter().map(|s| self.keys.seat(show, s)));
+        for pool in &pool_ids {
+            keys.push(self.keys.pool(show, pool.as_str()));
+            keys.push(self.keys.pool_holds(show, pool.as_str()));
+        }
+        if let Some(holder) = &old.holder {
+            keys.push(self.keys.settings(show));
+            keys.push(self.keys.holder(show, holder.as_str()));
+            keys.push(self.keys.holder_sold(show, holder.as_str()));
+        }
+        if self.limits.events_max_len.is_some() {
+            keys.push(self.keys.deadlines(show));
+            keys.push(self.keys.events(show));
+        }
+        keys.extend(self.idem_args(show, idem).0);
+        Ok((keys, kept.len(), pool_ids))
+    }
+
     /// The hold's contents after `change`, checked without Redis.
     fn changed(&self, show: &ShowId, old: &Contents, change: &Change) -> Result<Contents, Error> {
         let Seats::Show(seats) = &old.seats else {
