@@ -227,7 +227,15 @@ impl SeatView {
             }
         }
         for seat in &event.seats {
-            state.seats.insert(seat.clone(), (known, at));
+            // The sweeper writes an `expired` event up to a second after
+            // the hold's key expired (a scan later for another instance's
+            // holds): the seat may be held again by then. It frees only a
+            // seat held until no later than the expired hold's deadline.
+            let stale = event.kind == "expired"
+                && !matches!(state.seats.get(seat), Some((Known::Held(held), _)) if *held <= until);
+            if !stale {
+                state.seats.insert(seat.clone(), (known, at));
+            }
         }
         if matches!(known, Known::Held(_)) {
             state
@@ -417,6 +425,14 @@ mod tests {
         assert!(view.refusal(&[seat("M2")]).is_some());
         view.apply(&event("modified", &["M1"], "r7", Some(later)));
         assert_eq!(view.states(&[seat("M2")]), Some(vec![State::Free]));
+        // A late expiry of an earlier hold of a seat held again.
+        let first = now_ms() as i64 + 300;
+        view.apply(&event("held", &["D1"], "r10", Some(first)));
+        view.apply(&event("held", &["D1"], "r11", Some(later)));
+        view.apply(&event("expired", &["D1"], "r10", Some(first)));
+        assert!(view.refusal(&[seat("D1")]).is_some());
+        view.apply(&event("expired", &["D1"], "r11", Some(later)));
+        assert_eq!(view.states(&[seat("D1")]), Some(vec![State::Free]));
         // A reader that fell behind: nothing is answered.
         current.store(now_ms() - 1_000, Ordering::Relaxed);
         assert!(view.refusal(&[seat("E7")]).is_none());
