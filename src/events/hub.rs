@@ -79,19 +79,25 @@ impl Hub {
     }
 
     /// The seat view of `show`, kept current by the show's reader (started
-    /// when it has none), and whether it was made just now.
-    pub fn view(self: &Arc<Self>, show: &ShowId, max_lag_ms: u64) -> (Arc<SeatView>, bool) {
+    /// when it has none); with a view made just now, the reader's
+    /// [`Feed::started`], which turns true once every event after the
+    /// reader's starting position will reach the view.
+    pub fn view(
+        self: &Arc<Self>,
+        show: &ShowId,
+        max_lag_ms: u64,
+    ) -> (Arc<SeatView>, Option<watch::Receiver<bool>>) {
         self.feed(show, |feed| {
             let mut view = feed
                 .view
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Some(view) = view.as_ref() {
-                return (Arc::clone(view), false);
+                return (Arc::clone(view), None);
             }
             let new = Arc::new(SeatView::new(Arc::clone(&feed.current_at), max_lag_ms));
             *view = Some(Arc::clone(&new));
-            (new, true)
+            (new, Some(feed.started.clone()))
         })
     }
 

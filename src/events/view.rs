@@ -87,21 +87,33 @@ impl Views {
         if !busy {
             return None;
         }
-        let (view, new) = self.hub.view(show, self.max_lag_ms);
-        if new {
-            self.learn_live_holds(show, Arc::clone(&view));
+        let (view, started) = self.hub.view(show, self.max_lag_ms);
+        if let Some(started) = started {
+            self.learn_live_holds(show, Arc::clone(&view), started);
         }
         Some(view)
     }
 
     /// Teaches a new view the show's live holds from its deadline index,
     /// which only seathold writes: the seats of holds made before the view
-    /// existed are known at once. Entries are learned as of the view's
-    /// position before the read, so a change the view applies meanwhile
-    /// wins.
-    fn learn_live_holds(&self, show: &ShowId, view: Arc<SeatView>) {
+    /// existed are known at once. The index is read once the reader has
+    /// pinned its starting position (`started`): a change after the read is
+    /// then an event the view will apply, not one between the read and the
+    /// reader's start that neither would see. Entries are learned as of the
+    /// view's position before the read, so a change the view applies
+    /// meanwhile wins.
+    fn learn_live_holds(
+        &self,
+        show: &ShowId,
+        view: Arc<SeatView>,
+        mut started: tokio::sync::watch::Receiver<bool>,
+    ) {
         let (cluster, key) = (Arc::clone(&self.cluster), self.keys.deadlines(show));
         tokio::spawn(async move {
+            // Err: the reader stopped before it started (its view idle).
+            if started.wait_for(|s| *s).await.is_err() {
+                return;
+            }
             let position = view.position();
             let Ok(mut conn) = cluster.conn() else { return };
             let read = async {
