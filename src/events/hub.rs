@@ -191,6 +191,10 @@ impl Hub {
                 Ok(reply) => {
                     backoff = Duration::from_millis(50);
                     let view = feed.current_view();
+                    // A full reply may leave more behind it (a backlog after
+                    // a reconnection): only a shorter one proves the reader
+                    // reached the end of the stream.
+                    let full = entries(&reply).count() >= BUFFER;
                     for event in entries(&reply).filter_map(|e| Event::from_entry(&show, e)) {
                         last = Some(event.event_id);
                         if let Some(view) = &view {
@@ -201,7 +205,9 @@ impl Hub {
                     }
                     // After the events went out: a view that sees this time
                     // has applied everything before it.
-                    current_at.store(now_ms(), Ordering::Relaxed);
+                    if !full {
+                        current_at.store(now_ms(), Ordering::Relaxed);
+                    }
                 }
                 Err(err) => {
                     tracing::debug!(%show, error = %err, "event reader failed; reconnecting");
