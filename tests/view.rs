@@ -692,7 +692,7 @@ async fn a_late_expiry_does_not_free_a_seat_held_again() {
 /// A view made while a seat it learns from the deadline index is being
 /// released: the release may fall between the index read and the moment
 /// the new reader pins its starting position, and neither would see it.
-/// 20 rounds, each a new show whose E1 B holds: A's first request (which
+/// 30 rounds, each a new show whose E1 B holds: A's first request (which
 /// makes the view) and B's release race; 300 ms later A must grant E1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_while_the_view_is_made_is_not_lost() {
@@ -700,14 +700,14 @@ async fn a_release_while_the_view_is_made_is_not_lost() {
     let a = server_with(with_view()).await;
     let b = server_with(without_view()).await;
     let mut refused = Vec::new();
-    for round in 0..20u64 {
+    for round in 0..30u64 {
         let sh = show("race");
         let token = held(&b, &sh, "E1", None).await;
         let first = async {
             seat_state(&a, &sh, "E1").await;
         };
         let release = async {
-            tokio::time::sleep(Duration::from_micros(500 * (round % 6))).await;
+            tokio::time::sleep(Duration::from_micros(250 * (round % 3))).await;
             release(&b, &sh, &token).await;
         };
         tokio::join!(first, release);
