@@ -108,7 +108,7 @@ is_uint "$wait_idle" || die "--wait-idle must be a whole number of seconds"
 is_uint "$retries" || die "--retries must be a whole number"
 if ! is_uint "$rounds" || ((rounds < 1)); then die "--rounds must be >= 1"; fi
 for s in ${sections//,/ }; do
-  case "$s" in main|growth|masters) ;; *) die "unknown section '$s' (main, growth, masters)" ;; esac
+  case "$s" in main|growth|masters|events) ;; *) die "unknown section '$s' (main, growth, masters, events)" ;; esac
 done
 has_section() { [[ ",$sections," == *",$1,"* ]]; }
 
