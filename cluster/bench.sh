@@ -16,6 +16,13 @@ Starts `seathold dev` (a fresh local Redis Cluster plus the daemon, all on
   hot1  single-seat holds that all go to one hot show (one slot, one master)
   hot4  four-seat holds that all go to one hot show
   read  GET /v1/shows/{show}/seats/{seat}, random show, free seat
+  storm a conflict storm: single-seat holds of 100 seats of one hot show
+        that are all held already (held with curl before the step, TTL
+        20 min), every answer 409; also how many of the refusals reached no
+        Redis master (the masters' evalsha calls, and the daemon's
+        seathold_view_answers_total{kind="conflict"}: its seat view)
+  hotread GET /v1/shows/{show}/seats/{seat} of those 100 held seats of one
+        hot show, every answer 200 (seathold_view_answers_total{kind="read"})
   pool1 POST /v1/shows/{show}/holds {"pools":{"coupons":1}}: one unit each of
         one hot pool (created with a PUT before the step, capacity 100000000)
 
@@ -25,8 +32,11 @@ cluster, and single- and four-seat holds with event streams off
 (`--events off`) and on, each against the raw SET/s of its own round. Each step is warmed up briefly first; then every master is
 emptied (FLUSHALL), so that every measurement, raw included, starts from an
 empty keyspace. Every HTTP response is
-counted by status; a step with any answer other than 201 (200 for reads),
-or with socket errors, is reported as INVALID instead of as a speed.
+counted by status; a step with any answer other than its expected one (201
+for holds, 200 for reads, 409 for the storm), or with socket errors, is
+reported as INVALID instead of as a speed. A table gives the Redis masters'
+CPU per operation of each main step (per granted hold, per refusal, per
+read) next to their CPU per raw SET.
 Shows are drawn from a million per step ("<run>-<n>"); seat ids never repeat
 within a step, so no hold should ever conflict.
 
@@ -133,7 +143,7 @@ fi
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$script_dir/.." && pwd)
 lua_dir="$script_dir/bench"
-for f in common.lua hold1.lua holds.lua read.lua pool1.lua; do
+for f in common.lua hold1.lua holds.lua read.lua storm.lua hotread.lua pool1.lua; do
   [[ -f "$lua_dir/$f" ]] || die "missing $lua_dir/$f"
 done
 
@@ -301,48 +311,72 @@ wait_for_idle() {
   echo "    (machine still busy: $busy% of a core used by other processes; measuring anyway)" >&2
 }
 
-# Redis errors and overload refusals the daemon counted so far, from
-# /metrics (missing metrics count as 0).
+# Redis errors, overload refusals, and conflicts and reads answered by the
+# seat view, that the daemon counted so far, from /metrics (missing metrics
+# count as 0).
 daemon_counters() {
   curl -s --max-time 5 "$url/metrics" 2>/dev/null | awk '
     /^seathold_redis_errors_total/ { e += $NF }
     /^seathold_http_overloaded_total/ { o += $NF }
-    END { printf "%d %d\n", e, o }' || echo "0 0"
+    /^seathold_view_answers_total\{kind="conflict"\}/ { vc += $NF }
+    /^seathold_view_answers_total\{kind="read"\}/ { vr += $NF }
+    END { printf "%d %d %d %d\n", e, o, vc, vr }' || echo "0 0 0 0"
 }
 
-# empty_cluster: FLUSHALL on every master, then wait until every replica is
-# empty too. Each step starts from an empty keyspace, as the raw step does on
-# a fresh cluster: holds write three keys where a SET writes one, and keys
-# left by earlier steps (they live 300 s) would make later steps pay for
-# growing and rehashing a big keyspace the raw step never had. Measured
-# side by side: about 10% on single-seat holds, and most of the noise.
-#
-# A write can still land after the FLUSHALL: a request that the load
-# generator dropped when it stopped (at the end of a warm-up or a step) has
-# its hold abandoned in the background, which leaves a tombstone for the
-# hold's TTL (300 s), and a slow daemon (a debug build on a busy machine)
-# may run that after the FLUSHALL. So the masters are flushed again while a
-# replica still has keys, until every node is empty.
+# The evalsha calls of every master so far (each seathold script is one),
+# from INFO commandstats.
+master_evalsha() {
+  local port sum=0 n
+  for port in "${master_ports[@]}"; do
+    n=$(redis-cli -h 127.0.0.1 -p "$port" info commandstats | tr -d '\r' |
+      sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')
+    sum=$((sum + ${n:-0}))
+  done
+  echo "$sum"
+}
+
+# Seats of the hot show of the storm and hotread steps: h1..h$hot_held.
+hot_held=100
+# hold_hot_seats RUN: holds seats h1..h$hot_held of the show "<RUN>-hot",
+# one single-seat hold each with a 20-minute TTL (one curl process, one
+# connection), then waits a second: the show is busy enough for a seat view
+# (--view-min-rate) and the view is current (--view-max-lag-ms). Dies
+# unless every hold was granted.
+hold_hot_seats() {
+  local run=$1 i granted args=()
+  for ((i = 1; i <= hot_held; i++)); do
+    args+=(-o /dev/null "$url/v1/shows/$run-hot/seats/h$i/hold")
+  done
+  granted=$(curl -s --max-time 60 -X POST -H 'Content-Type: application/json' \
+    -d '{"ttlMs":1200000}' -w '%{http_code}\n' "${args[@]}" | grep -c '^201$' || true)
+  ((granted == hot_held)) || die "only $granted of $hot_held holds of $run-hot were granted"
+  sleep 1
+}
+
+# empty_cluster: FLUSHALL on every master, then wait until every master and
+# replica is empty, flushing again while keys remain: the daemon may still
+# write after the load generator stopped (it abandons the holds of the
+# requests cut off at the end of a warm-up, and a tombstone lives as long as
+# the hold would have). Each step starts from an empty keyspace, as the raw
+# step does on a fresh cluster: holds write three keys where a SET writes
+# one, and keys left by earlier steps (they live 300 s) would make later
+# steps pay for growing and rehashing a big keyspace the raw step never had.
+# Measured side by side: about 10% on single-seat holds, and most of the
+# noise.
 empty_cluster() {
-  local port deadline=$((SECONDS + 60)) busy
+  local port deadline=$((SECONDS + 60)) left
   while :; do
     for port in "${master_ports[@]}"; do
       redis-cli -h 127.0.0.1 -p "$port" flushall >/dev/null || die "FLUSHALL on $port failed"
     done
-    local settle=$((SECONDS + 2))
-    while :; do
-      busy=""
-      for port in "${master_ports[@]}" "${replica_ports[@]}"; do
-        if [[ "$(redis-cli -h 127.0.0.1 -p "$port" dbsize)" != 0 ]]; then busy=$port; break; fi
-      done
-      [[ -n "$busy" ]] || return 0
-      ((SECONDS < settle)) || break
-      sleep 0.1
+    sleep 0.2
+    left=""
+    for port in "${master_ports[@]}" "${replica_ports[@]}"; do
+      [[ "$(redis-cli -h 127.0.0.1 -p "$port" dbsize)" == 0 ]] || left=$port
     done
-    local sample
-    sample=$(redis-cli -h 127.0.0.1 -p "$busy" --scan 2>/dev/null | head -n 3 | tr '\n' ' ')
-    ((SECONDS < deadline)) || die "node $busy still has keys 60 s after FLUSHALL: $sample"
-    echo "    (keys written after FLUSHALL on $busy, e.g. $sample; flushing again)" >&2
+    [[ -n "$left" ]] || return 0
+    ((SECONDS < deadline)) || die "node $left still has keys 60 s after FLUSHALL, e.g. $(
+      redis-cli -h 127.0.0.1 -p "$left" --scan --count 10 | head -n 3 | tr '\n' ' ')"
   done
 }
 
@@ -380,30 +414,19 @@ run_client() {
   client_cpu=$(awk 'NR == FNR { a = $1; next } { printf "%.3f", $1 - a }' "$work/cpu0" "$work/cpu1")
 }
 
-# create_pool SHOW POOL: PUT /v1/shows/SHOW/pools/POOL with a capacity no
-# step can use up; dies unless the daemon answers 200.
-pool_capacity=100000000
-create_pool() {
-  local code
-  code=$(curl -s -o "$work/pool.out" -w '%{http_code}' --max-time 5 -X PUT \
-    -H 'Content-Type: application/json' -d "{\"capacity\":$pool_capacity}" \
-    "$url/v1/shows/$1/pools/$2" || true)
-  [[ "$code" == 200 ]] || die "PUT pool $1/$2 answered ${code:-nothing}: $(cat "$work/pool.out" 2>/dev/null)"
-}
-
 # measure_client CMD...: one measured run of a load generator on an emptied
-# cluster: output in $work/step.out and step.err, exit code in client_rc,
-# and in probes the arguments finish_step needs (CPU, keys and daemon
-# counters before and after, wall and client CPU seconds). A step that
-# needs something in the emptied cluster first names it in prepare (a
-# command and its arguments), run after the emptying.
+# cluster (after the command in pre_measure, when set): output in
+# $work/step.out and step.err, exit code in client_rc, and in probes the
+# arguments finish_step needs (CPU, keys, daemon counters and the masters'
+# evalsha calls before and after, wall and client CPU seconds).
 probes=()
-prepare=()
+pre_measure=()
 measure_client() {
-  local c0 c1 k0 k1 d0 d1 t0 t1 wall
+  local c0 c1 k0 k1 d0 d1 t0 t1 wall x0 x1
   empty_cluster
-  if ((${#prepare[@]})); then "${prepare[@]}"; fi
+  if ((${#pre_measure[@]})); then "${pre_measure[@]}"; fi
   wait_for_idle
+  x0=$(master_evalsha)
   k0=$(master_keys)
   d0=$(daemon_counters)
   c0=$(cpu_snapshot)
@@ -413,21 +436,25 @@ measure_client() {
   c1=$(cpu_snapshot)
   k1=$(master_keys)
   d1=$(daemon_counters)
+  x1=$(master_evalsha)
   wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN{print (b - a) / 1e9}')
-  probes=("$c0" "$c1" "$k0" "$k1" "$wall" "$client_cpu" "$d0" "$d1")
+  probes=("$c0" "$c1" "$k0" "$k1" "$wall" "$client_cpu" "$d0" "$d1" "$x0" "$x1")
 }
 
 # Results of the last step, set by run_wrk / run_raw.
 declare -A R
 
 # finish_step START_CPU END_CPU START_KEYS END_KEYS WALL_SECONDS CLIENT_CPU_SECONDS
-#             START_DAEMON_COUNTERS END_DAEMON_COUNTERS
+#             START_DAEMON_COUNTERS END_DAEMON_COUNTERS START_EVALSHA END_EVALSHA
 finish_step() {
-  local e0 o0 e1 o1
-  read -r e0 o0 <<<"$7"
-  read -r e1 o1 <<<"$8"
+  local e0 o0 vc0 vr0 e1 o1 vc1 vr1
+  read -r e0 o0 vc0 vr0 <<<"$7"
+  read -r e1 o1 vc1 vr1 <<<"$8"
   R[redis_errors]=$((e1 - e0))
   R[overloaded]=$((o1 - o0))
+  R[view_conflicts]=$((vc1 - vc0))
+  R[view_reads]=$((vr1 - vr0))
+  R[evalsha]=$((${10} - $9))
   read -r m0 s0 rm0 rr0 <<<"$1"
   read -r m1 s1 rm1 rr1 <<<"$2"
   local k0 k1 wall=$5 client=$6 i deltas=()
@@ -438,6 +465,7 @@ finish_step() {
   R[keys_sum]=0
   for i in "${deltas[@]}"; do R[keys_sum]=$((R[keys_sum] + i)); done
   R[keys_min]=$(printf '%s\n' "${deltas[@]}" | sort -n | head -n 1)
+  R[mcpu_ticks]=$((rm1 - rm0))
   # Percent of one core over the measured wall time.
   read -r 'R[cpu_client]' 'R[cpu_daemon]' 'R[cpu_rmaster]' 'R[cpu_rreplica]' 'R[cpu_other]' 'R[cpu_total]' < <(
     awk -v hz="$clk_tck" -v wall="$wall" -v cl="$client" \
@@ -446,6 +474,13 @@ finish_step() {
         d = s / hz * 100 / wall; a = rm / hz * 100 / wall; b = rr / hz * 100 / wall
         o = t - c - d - a - b; if (o < 0) o = 0
         printf "%.0f %.0f %.0f %.0f %.0f %.0f\n", c, d, a, b, o, t }')
+}
+
+# per_op: the masters' CPU per answered operation of the last step (R[ok]),
+# in microseconds.
+per_op() {
+  R[mcpu_us]=$(awk -v t="${R[mcpu_ticks]}" -v hz="$clk_tck" -v n="${R[ok]}" \
+    'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n; else print "-" }')
 }
 
 # with_retries FUNC ARGS...: runs FUNC, which fills R; while other processes
@@ -490,24 +525,42 @@ noisy_mark() {
 }
 
 # run_wrk SECTION STEP LUA EXPECT SEATS SHOWS: warm up, then measure with wrk.
-# pool1.lua's hot pool is created before the warm-up and, after the
-# cluster is emptied, before each measured run (see measure_wrk).
-bench_pool=coupons
 run_wrk() {
   local section=$1 step=$2 lua=$3 expect=$4 seats=$5 shows=$6
-  local env=(BENCH_EXPECT="$expect" BENCH_SEATS="$seats" BENCH_SHOWS="$shows" BENCH_POOL="$bench_pool")
+  local env=(BENCH_EXPECT="$expect" BENCH_SEATS="$seats" BENCH_SHOWS="$shows" BENCH_HELD="$hot_held" BENCH_POOL="$bench_pool")
   local wrk_args=(-t "$threads" -c "$connections" --timeout 5s -s "$lua_dir/$lua" "$url")
-  step_pool=""
-  [[ "$lua" != pool1.lua ]] || step_pool=$bench_pool
   echo "  $section/$step: warm-up ${warmup}s, then ${duration}s" >&2
   if ((warmup > 0)); then
-    if [[ -n "$step_pool" ]]; then create_pool "${run_id}w$step-hot" "$step_pool"; fi
-    env "${env[@]}" BENCH_RUN="${run_id}w$step" timeout $((warmup + 30)) \
+    measure_n=$((measure_n + 1))
+    if needs_hot_seats "$step"; then hold_hot_seats "${run_id}w${step}n$measure_n"; fi
+    if [[ "$step" == pool1 ]]; then create_pool "${run_id}w${step}n$measure_n"; fi
+    env "${env[@]}" BENCH_RUN="${run_id}w${step}n$measure_n" timeout $((warmup + 30)) \
       wrk -d "${warmup}s" "${wrk_args[@]}" >"$work/warm.out" 2>&1 ||
       { cat "$work/warm.out" >&2; die "wrk warm-up of $step failed"; }
   fi
   with_retries measure_wrk "$step" "$expect" "$seats" "${env[@]}" -- "${wrk_args[@]}"
 }
+
+# Whether STEP needs the hot show's seats held first (hold_hot_seats).
+needs_hot_seats() { [[ "$1" == storm || "$1" == hotread ]]; }
+
+# create_pool RUN: PUT /v1/shows/<RUN>-hot/pools/$bench_pool with a capacity
+# no step can use up (pool1.lua holds its units); dies unless the daemon
+# answers 200.
+bench_pool=coupons
+pool_capacity=100000000
+create_pool() {
+  local code
+  code=$(curl -s -o "$work/pool.out" -w '%{http_code}' --max-time 5 -X PUT \
+    -H 'Content-Type: application/json' -d "{\"capacity\":$pool_capacity}" \
+    "$url/v1/shows/$1-hot/pools/$bench_pool" || true)
+  [[ "$code" == 200 ]] || die "PUT pool $1-hot/$bench_pool answered ${code:-nothing}: $(cat "$work/pool.out" 2>/dev/null)"
+}
+
+# Every wrk run gets shows of its own ("<run_id>[wm]<step>n<measure_n>"):
+# a seat view keeps what it knew of a show across a FLUSHALL (which writes
+# no event), so a show is never used again after one.
+measure_n=0
 
 # measure_wrk STEP EXPECT SEATS ENV... -- WRK_ARGS...: one measured wrk run.
 measure_wrk() {
@@ -517,11 +570,14 @@ measure_wrk() {
   while [[ "$1" != -- ]]; do env+=("$1"); shift; done
   shift
   local wrk_args=("$@")
-  prepare=()
-  if [[ -n "$step_pool" ]]; then prepare=(create_pool "${run_id}m${step}a$attempt-hot" "$step_pool"); fi
-  measure_client env "${env[@]}" BENCH_RUN="${run_id}m${step}a$attempt" \
+  measure_n=$((measure_n + 1))
+  local bench_run="${run_id}m${step}n$measure_n"
+  pre_measure=()
+  if needs_hot_seats "$step"; then pre_measure=(hold_hot_seats "$bench_run"); fi
+  if [[ "$step" == pool1 ]]; then pre_measure=(create_pool "$bench_run"); fi
+  measure_client env "${env[@]}" BENCH_RUN="$bench_run" \
     timeout $((duration + 30)) wrk -d "${duration}s" "${wrk_args[@]}"
-  prepare=()
+  pre_measure=()
   if ((client_rc != 0)) || ! grep -q '^BENCH' "$work/step.out"; then
     cat "$work/step.out" "$work/step.err" >&2
     die "wrk failed in step $step (exit $client_rc)"
@@ -542,6 +598,7 @@ measure_wrk() {
   R[max]=$(awk -v v="${R[max_us]}" 'BEGIN{printf "%.1f", v / 1000}')
   R[seats]=$seats
   R[expect]=$expect
+  per_op
   R[valid]=ok
   if ((R[not_ok] > 0 || R[socket_errors] > 0 || R[counted] != R[requests] || R[ok] == 0)); then
     R[valid]="INVALID: ${R[not_ok]} non-$expect, ${R[socket_errors]} socket errors"
@@ -606,6 +663,7 @@ measure_raw() {
   R[not_ok]=$((n - R[keys_sum]))
   R[statuses]="keys:${R[keys]}"
   R[socket_errors]=0
+  per_op
   R[valid]=ok
   if ((R[keys_min] == 0)); then
     R[valid]="INVALID: some master got no keys (${R[keys]})"
@@ -616,7 +674,7 @@ measure_raw() {
 
 # ---------------------------------------------------------------- output
 
-printf 'section\tstep\tmasters\tseats_per_hold\trequests\tok\tnot_ok\tstatuses\treq_per_s\tok_per_s\tseats_per_s\tp50_ms\tp99_ms\tmax_ms\tratio_to_raw\tcpu_client_pct\tcpu_seathold_pct\tcpu_redis_masters_pct\tcpu_redis_replicas_pct\tcpu_other_pct\tkeys_per_master\tdaemon_redis_errors\tdaemon_overloaded\tattempts\tvalid\n' >"$out"
+printf 'section\tstep\tmasters\tseats_per_hold\trequests\tok\tnot_ok\tstatuses\treq_per_s\tok_per_s\tseats_per_s\tp50_ms\tp99_ms\tmax_ms\tratio_to_raw\tcpu_client_pct\tcpu_seathold_pct\tcpu_redis_masters_pct\tcpu_redis_replicas_pct\tcpu_other_pct\tkeys_per_master\tdaemon_redis_errors\tdaemon_overloaded\tattempts\tvalid\tmaster_cpu_us_per_ok\tmaster_evalsha\tview_conflicts\tview_reads\n' >"$out"
 
 cpu_rows=()
 
@@ -628,11 +686,12 @@ record() {
   r=$(ratio "${R[ok_rps]}" "$raw")
   R[ratio]=$r
   R[note]=$(noisy_mark)
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
     "$section" "$step" "$masters" "${R[seats]}" "${R[requests]}" "${R[ok]}" "${R[not_ok]}" "${R[statuses]}" \
     "${R[rps]}" "${R[ok_rps]}" "${R[seats_rps]}" "${R[p50]}" "${R[p99]}" "${R[max]}" "$r" \
     "${R[cpu_client]}" "${R[cpu_daemon]}" "${R[cpu_rmaster]}" "${R[cpu_rreplica]}" "${R[cpu_other]}" \
-    "${R[keys]}" "${R[redis_errors]}" "${R[overloaded]}" "${R[attempts]}" "${R[valid]}" >>"$out"
+    "${R[keys]}" "${R[redis_errors]}" "${R[overloaded]}" "${R[attempts]}" "${R[valid]}" \
+    "${R[mcpu_us]}" "${R[evalsha]}" "${R[view_conflicts]}" "${R[view_reads]}" >>"$out"
   cpu_rows+=("$(printf '%-8s %-12s %7s %9s %10s %11s %7s %7s   %s' "$section" "$step" \
     "${R[cpu_client]}" "${R[cpu_daemon]}" "${R[cpu_rmaster]}" "${R[cpu_rreplica]}" "${R[cpu_other]}" \
     "${R[cpu_total]}" "${R[keys]}")")
@@ -652,6 +711,17 @@ collect() {
   M[$step,p50]+=" ${R[p50]}"
   M[$step,p99]+=" ${R[p99]}"
   M[$step,max]+=" ${R[max]}"
+  M[$step,mcpu]+=" ${R[mcpu_us]}"
+  M[$step,expect]=${R[expect]}
+  if [[ "$step" == storm && "${R[requests]}" -gt 0 ]]; then
+    # Refusals that reached no master: by the view's own count, and by the
+    # masters' evalsha calls (each refusal Redis gave is one).
+    M[$step,byview]+=" $(awk -v v="${R[view_conflicts]}" -v n="${R[requests]}" 'BEGIN{printf "%.1f", v * 100 / n}')"
+    M[$step,noredis]+=" $(awk -v x="${R[evalsha]}" -v n="${R[requests]}" 'BEGIN{f = 100 - x * 100 / n; if (f < 0) f = 0; printf "%.1f", f}')"
+  fi
+  if [[ "$step" == hotread && "${R[requests]}" -gt 0 ]]; then
+    M[$step,byview]+=" $(awk -v v="${R[view_reads]}" -v n="${R[requests]}" 'BEGIN{printf "%.1f", v * 100 / n}')"
+  fi
   M[$step,ok]=$((${M[$step,ok]:-0} + ${R[ok]:-0}))
   M[$step,not_ok]=$((${M[$step,not_ok]:-0} + ${R[not_ok]:-0}))
   [[ "${R[valid]}" == ok ]] || M[$step,invalid]="${R[valid]} (${R[statuses]})"
@@ -678,7 +748,7 @@ main_line() {
   read -r -a p99 <<<"${M[$step,p99]}"
   read -r -a maxes <<<"${M[$step,max]}"
   if [[ -n "${M[$step,invalid]:-}" ]]; then
-    printf '%-6s %-46s %9s %9s %8s %8s %6s %10s %6s  %s' "$step" "$what" INVALID INVALID - - - - - \
+    printf '%-7s %-46s %9s %9s %8s %8s %6s %10s %6s  %s' "$step" "$what" INVALID INVALID - - - - - \
       "INVALID in a round: ${M[$step,invalid]}"
     return
   fi
@@ -686,14 +756,24 @@ main_line() {
     check="ok (${M[$step,ok]} SETs in $rounds round(s))"
     ratios=(1.00) sratios=(1.00)
   else
-    check="ok (${M[$step,ok]} answers, all $( [[ "$step" == read ]] && echo 200 || echo 201 ); max $(median "${maxes[@]}") ms, median round)"
+    check="ok (${M[$step,ok]} answers, all ${M[$step,expect]}; max $(median "${maxes[@]}") ms, median round)"
   fi
-  printf '%-6s %-46s %9s %9s %8s %8s %6s %10s %6s  %s' "$step" "$what" \
+  if [[ -n "${M[$step,byview]:-}" ]]; then
+    local -a byview noredis
+    read -r -a byview <<<"${M[$step,byview]}"
+    check+="; $(median "${byview[@]}")% answered by the seat view"
+    if [[ -n "${M[$step,noredis]:-}" ]]; then
+      read -r -a noredis <<<"${M[$step,noredis]}"
+      check+=", $(median "${noredis[@]}")% reached no master (evalsha)"
+    fi
+  fi
+  printf '%-7s %-46s %9s %9s %8s %8s %6s %10s %6s  %s' "$step" "$what" \
     "$(median "${rps[@]}")" "$(median "${seats[@]}")" "$(median "${p50[@]}")" "$(median "${p99[@]}")" \
     "$(median "${ratios[@]}")" "$(spread "${ratios[@]}")" "$(median "${sratios[@]}")" "$check${M[$step,note]:-}"
 }
 
 main_lines=()
+cpu_op_lines=()
 growth_lines=()
 masters_lines=()
 events_lines=()
@@ -716,6 +796,8 @@ if has_section main || has_section growth; then
       "hot1 hold1.lua 201 1 0 POST .../seats/{seat}/hold, one hot show"
       "hot4 holds.lua 201 4 0 POST .../holds, 4 seats, one hot show"
       "read read.lua 200 1 1000000 GET .../seats/{seat}, random show"
+      "storm storm.lua 409 1 0 POST .../seats/{seat}/hold, held seats, hot show"
+      "hotread hotread.lua 200 1 0 GET .../seats/{seat}, held seats, hot show"
       "pool1 pool1.lua 201 1 0 POST .../holds, 1 unit of one hot pool")
     declare -A M=()
     for ((round = 1; round <= rounds; round++)); do
@@ -735,6 +817,29 @@ if has_section main || has_section growth; then
       read -r step _ _ _ _ what <<<"$spec"
       [[ "$step" == raw ]] && what="SET {tag}:<rand> NX PX (redis-benchmark)"
       main_lines+=("$(main_line "$step" "$what")")
+    done
+    # The masters' CPU per operation, median of the rounds, next to raw's.
+    read -r -a raw_mcpu <<<"${M[raw,mcpu]}"
+    raw_us=$(median "${raw_mcpu[@]}")
+    for spec in "${main_steps[@]}"; do
+      read -r step _ _ _ _ <<<"$spec"
+      case "$step" in
+        raw) per="SET NX PX" ;;
+        hold1 | hot1) per="granted hold, 1 seat" ;;
+        hold4 | hot4) per="granted hold, 4 seats" ;;
+        read | hotread) per="read" ;;
+        storm) per="refusal (409)" ;;
+        *) per="answer" ;;
+      esac
+      read -r -a step_mcpu <<<"${M[$step,mcpu]}"
+      step_us=$(median "${step_mcpu[@]}")
+      x=-
+      if [[ -n "${M[$step,invalid]:-}" ]]; then
+        step_us=INVALID
+      elif [[ "$step_us" =~ ^[0-9.]+$ && "$raw_us" =~ ^[0-9.]+$ ]]; then
+        x=$(ratio "$step_us" "$raw_us")
+      fi
+      cpu_op_lines+=("$(printf '%-8s %-24s %12s %9s' "$step" "$per" "$step_us" "$x")")
     done
   fi
   if has_section growth; then
@@ -820,8 +925,15 @@ if ((${#main_lines[@]})); then
   echo
   echo "Side by side, 3 masters, median of $rounds round(s) (latency in ms; x raw = per second divided by"
   echo "the raw SET/s of the same round; x range = lowest-highest x raw over the rounds)"
-  printf '%-6s %-46s %9s %9s %8s %8s %6s %10s %6s  %s\n' step what "holds/s" "seats/s" p50 p99 "x raw" "x range" "seats" "check"
+  printf '%-7s %-46s %9s %9s %8s %8s %6s %10s %6s  %s\n' step what "holds/s" "seats/s" p50 p99 "x raw" "x range" "seats" "check"
   printf '%s\n' "${main_lines[@]}"
+fi
+if ((${#cpu_op_lines[@]})); then
+  echo
+  echo "Redis masters' CPU per operation (all masters together, microseconds; median of $rounds round(s);"
+  echo "x raw SET = the step's CPU per operation divided by raw's: what one answer costs Redis)"
+  printf '%-8s %-24s %12s %9s\n' step "per" "us/op" "x raw SET"
+  printf '%s\n' "${cpu_op_lines[@]}"
 fi
 if ((${#growth_lines[@]})); then
   echo
@@ -851,8 +963,11 @@ cat <<'EOF'
 Notes: "x raw" is holds/s (reads/s) divided by the raw SET/s of the same
 cluster, "seats" the same for seats/s; "cost/seat/N1" is the cost of one
 seat relative to single-seat holds (seats/s at N=1 / seats/s at N).
-A step with any answer other than 201 (200 for reads) or any socket error is
-INVALID and shows no speed. NOISY: processes other than ours took that much
+A step with any answer other than 201 (200 for reads, 409 for the storm) or
+any socket error is INVALID and shows no speed. storm and hotread: 100 seats
+of one hot show held beforehand; "answered by the seat view" counts the
+daemon's seathold_view_answers_total, "reached no master" the masters'
+evalsha calls during the step (one per answer that Redis gave). NOISY: processes other than ours took that much
 CPU during the step. raw: redis-benchmark --cluster routes only keys whose
 hash tag is its {tag} placeholder (it puts there a tag of one slot of each
 master); a hash tag holding __rand_int__ gets MOVED, which it does not

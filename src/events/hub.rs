@@ -79,19 +79,25 @@ impl Hub {
     }
 
     /// The seat view of `show`, kept current by the show's reader (started
-    /// when it has none), and whether it was made just now.
-    pub fn view(self: &Arc<Self>, show: &ShowId, max_lag_ms: u64) -> (Arc<SeatView>, bool) {
+    /// when it has none); with a view made just now, the reader's
+    /// [`Feed::started`], which turns true once every event after the
+    /// reader's starting position will reach the view.
+    pub fn view(
+        self: &Arc<Self>,
+        show: &ShowId,
+        max_lag_ms: u64,
+    ) -> (Arc<SeatView>, Option<watch::Receiver<bool>>) {
         self.feed(show, |feed| {
             let mut view = feed
                 .view
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Some(view) = view.as_ref() {
-                return (Arc::clone(view), false);
+                return (Arc::clone(view), None);
             }
             let new = Arc::new(SeatView::new(Arc::clone(&feed.current_at), max_lag_ms));
             *view = Some(Arc::clone(&new));
-            (new, true)
+            (new, Some(feed.started.clone()))
         })
     }
 
@@ -185,6 +191,10 @@ impl Hub {
                 Ok(reply) => {
                     backoff = Duration::from_millis(50);
                     let view = feed.current_view();
+                    // A full reply may leave more behind it (a backlog after
+                    // a reconnection): only a shorter one proves the reader
+                    // reached the end of the stream.
+                    let full = entries(&reply).count() >= BUFFER;
                     for event in entries(&reply).filter_map(|e| Event::from_entry(&show, e)) {
                         last = Some(event.event_id);
                         if let Some(view) = &view {
@@ -195,7 +205,9 @@ impl Hub {
                     }
                     // After the events went out: a view that sees this time
                     // has applied everything before it.
-                    current_at.store(now_ms(), Ordering::Relaxed);
+                    if !full {
+                        current_at.store(now_ms(), Ordering::Relaxed);
+                    }
                 }
                 Err(err) => {
                     tracing::debug!(%show, error = %err, "event reader failed; reconnecting");

@@ -87,21 +87,33 @@ impl Views {
         if !busy {
             return None;
         }
-        let (view, new) = self.hub.view(show, self.max_lag_ms);
-        if new {
-            self.learn_live_holds(show, Arc::clone(&view));
+        let (view, started) = self.hub.view(show, self.max_lag_ms);
+        if let Some(started) = started {
+            self.learn_live_holds(show, Arc::clone(&view), started);
         }
         Some(view)
     }
 
     /// Teaches a new view the show's live holds from its deadline index,
     /// which only seathold writes: the seats of holds made before the view
-    /// existed are known at once. Entries are learned as of the view's
-    /// position before the read, so a change the view applies meanwhile
-    /// wins.
-    fn learn_live_holds(&self, show: &ShowId, view: Arc<SeatView>) {
+    /// existed are known at once. The index is read once the reader has
+    /// pinned its starting position (`started`): a change after the read is
+    /// then an event the view will apply, not one between the read and the
+    /// reader's start that neither would see. Entries are learned as of the
+    /// view's position before the read, so a change the view applies
+    /// meanwhile wins.
+    fn learn_live_holds(
+        &self,
+        show: &ShowId,
+        view: Arc<SeatView>,
+        mut started: tokio::sync::watch::Receiver<bool>,
+    ) {
         let (cluster, key) = (Arc::clone(&self.cluster), self.keys.deadlines(show));
         tokio::spawn(async move {
+            // Err: the reader stopped before it started (its view idle).
+            if started.wait_for(|s| *s).await.is_err() {
+                return;
+            }
             let position = view.position();
             let Ok(mut conn) = cluster.conn() else { return };
             let read = async {
@@ -117,25 +129,37 @@ impl Views {
             let Ok(entries) = cluster.deadline().within(read).await else {
                 return;
             };
-            let now = view.redis_now();
-            let held: Vec<(SeatId, State)> = entries
+            let holds: Vec<LiveHold> = entries
                 .iter()
-                .flat_map(|(member, until)| {
-                    let until = *until as i64;
+                .filter_map(|(member, until)| {
                     // "<ref> <fence> <items>"; pool units start with '@'.
-                    member
-                        .splitn(3, ' ')
-                        .nth(2)
+                    let mut parts = member.splitn(3, ' ');
+                    let reference = parts.next()?.to_owned();
+                    let seats = parts
+                        .nth(1)
                         .unwrap_or_default()
                         .split(' ')
                         .filter_map(|s| SeatId::parse(s).ok())
-                        .map(move |seat| (seat, State::Held(Some(until - now))))
-                        .collect::<Vec<_>>()
+                        .collect();
+                    Some(LiveHold {
+                        reference,
+                        seats,
+                        until: *until as i64,
+                    })
                 })
                 .collect();
-            view.learn(position, &held);
+            view.learn_holds(position, &holds);
         });
     }
+}
+
+/// A live hold of a show's deadline index.
+pub struct LiveHold {
+    /// Its public ref, as its events name it.
+    pub reference: String,
+    pub seats: Vec<SeatId>,
+    /// Its deadline, ms on Redis's clock.
+    pub until: i64,
 }
 
 /// What the view knows of one seat.
@@ -215,7 +239,15 @@ impl SeatView {
             }
         }
         for seat in &event.seats {
-            state.seats.insert(seat.clone(), (known, at));
+            // The sweeper writes an `expired` event up to a second after
+            // the hold's key expired (a scan later for another instance's
+            // holds): the seat may be held again by then. It frees only a
+            // seat held until no later than the expired hold's deadline.
+            let stale = event.kind == "expired"
+                && !matches!(state.seats.get(seat), Some((Known::Held(held), _)) if *held <= until);
+            if !stale {
+                state.seats.insert(seat.clone(), (known, at));
+            }
         }
         if matches!(known, Known::Held(_)) {
             state
@@ -291,6 +323,36 @@ impl SeatView {
         }
     }
 
+    /// Learns the live holds of the show's deadline index as it was after
+    /// `position`: their seats held until their deadlines, and which seats
+    /// each holds, so that a later `modified` event frees the seats it
+    /// gives back. A seat that changed in the view since `position` keeps
+    /// the newer state.
+    pub fn learn_holds(&self, position: u64, holds: &[LiveHold]) {
+        let mut state = self.lock();
+        for hold in holds {
+            let mut learned = false;
+            for seat in &hold.seats {
+                if state
+                    .seats
+                    .get(seat.as_str())
+                    .is_some_and(|(_, at)| *at > position)
+                {
+                    continue;
+                }
+                state
+                    .seats
+                    .insert(seat.to_string(), (Known::Held(hold.until), position));
+                learned = true;
+            }
+            // A hold whose every seat changed since is over or known.
+            if learned && !state.holds.contains_key(&hold.reference) {
+                let seats = hold.seats.iter().map(ToString::to_string).collect();
+                state.holds.insert(hold.reference.clone(), seats);
+            }
+        }
+    }
+
     /// The taken seats of a hold of `seats`, when the view can tell for
     /// sure that the hold would be refused; `None` sends it to Redis.
     pub fn refusal(&self, seats: &[SeatId]) -> Option<Vec<(SeatId, State)>> {
@@ -361,6 +423,28 @@ mod tests {
         view.apply(&event("released", &["C1"], "r9", None));
         view.learn(stale, &[(seat("C1"), State::Sold)]);
         assert_eq!(view.states(&[seat("C1")]), Some(vec![State::Free]));
+        // A hold learned from the deadline index that gives a seat back.
+        let before = view.position();
+        let later = now_ms() as i64 + 60_000;
+        view.learn_holds(
+            before,
+            &[LiveHold {
+                reference: "r7".into(),
+                seats: vec![seat("M1"), seat("M2")],
+                until: later,
+            }],
+        );
+        assert!(view.refusal(&[seat("M2")]).is_some());
+        view.apply(&event("modified", &["M1"], "r7", Some(later)));
+        assert_eq!(view.states(&[seat("M2")]), Some(vec![State::Free]));
+        // A late expiry of an earlier hold of a seat held again.
+        let first = now_ms() as i64 + 300;
+        view.apply(&event("held", &["D1"], "r10", Some(first)));
+        view.apply(&event("held", &["D1"], "r11", Some(later)));
+        view.apply(&event("expired", &["D1"], "r10", Some(first)));
+        assert!(view.refusal(&[seat("D1")]).is_some());
+        view.apply(&event("expired", &["D1"], "r11", Some(later)));
+        assert_eq!(view.states(&[seat("D1")]), Some(vec![State::Free]));
         // A reader that fell behind: nothing is answered.
         current.store(now_ms() - 1_000, Ordering::Relaxed);
         assert!(view.refusal(&[seat("E7")]).is_none());

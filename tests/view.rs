@@ -1,0 +1,721 @@
+//! The local seat view (issue 14) against a real Redis Cluster: conflict
+//! storms answered without Redis, never a grant, never a refusal of a seat
+//! free for longer than `--view-max-lag-ms`, reads equal to Redis's, holds
+//! made before the view existed, writers outside seathold, a reader that is
+//! not current, and the switches.
+//!
+//! Every test counts process-wide metrics (`seathold_view_answers_total`)
+//! or a master's `INFO commandstats`, so each takes the binary's lock
+//! exclusively. The daemons of a test share the process's metrics: only
+//! the daemon under test (A) has a view; the others (B) run with
+//! `view_max_lag_ms: 0`, so that every answer they give comes from Redis.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{
+    eventually, exclusive, node, node_calls, options, redis, series, server_with, show,
+    slot_and_master, TestServer,
+};
+use futures_util::StreamExt;
+use seathold::config::Options;
+use serde_json::{json, Value};
+
+/// The view's lag bound in these tests: the default.
+const LAG_MS: u64 = 250;
+
+/// A daemon whose every show gets a view at once.
+fn with_view() -> Options {
+    Options {
+        view_min_rate: 0,
+        ..options()
+    }
+}
+
+/// A daemon without a view: everything it answers comes from Redis.
+fn without_view() -> Options {
+    Options {
+        view_max_lag_ms: 0,
+        ..options()
+    }
+}
+
+/// `seathold_view_answers_total{kind}` of this process.
+async fn answers(s: &TestServer, kind: &str) -> f64 {
+    series(
+        &s.metrics().await,
+        &format!("seathold_view_answers_total{{kind=\"{kind}\"}}"),
+    )
+}
+
+/// `POST /v1/shows/{show}/seats/{seat}/hold` with an optional `ttlMs`.
+async fn hold_one(s: &TestServer, sh: &str, seat: &str, ttl_ms: Option<u64>) -> (u16, Value) {
+    let path = format!("/v1/shows/{sh}/seats/{seat}/hold");
+    match ttl_ms {
+        Some(ttl) => s.post(&path, json!({ "ttlMs": ttl })).await,
+        None => s.call("POST", &path, None).await,
+    }
+}
+
+/// Holds one seat; panics unless 201. Answers the token.
+async fn held(s: &TestServer, sh: &str, seat: &str, ttl_ms: Option<u64>) -> String {
+    let (status, body) = hold_one(s, sh, seat, ttl_ms).await;
+    assert_eq!(status, 201, "hold {sh}/{seat}: {body}");
+    body["holdToken"].as_str().expect("token").to_owned()
+}
+
+async fn release(s: &TestServer, sh: &str, token: &str) {
+    let (status, body) = s
+        .call("DELETE", &format!("/v1/shows/{sh}/holds/{token}"), None)
+        .await;
+    assert_eq!(status, 204, "release {sh} {token}: {body}");
+}
+
+async fn seat_state(s: &TestServer, sh: &str, seat: &str) -> Value {
+    let (status, body) = s.get(&format!("/v1/shows/{sh}/seats/{seat}")).await;
+    assert_eq!(status, 200, "GET {sh}/{seat}: {body}");
+    body
+}
+
+/// Waits until `s`'s view of `sh` is current and knows `seat` (held, sold
+/// or free by its events): a read of it is answered by the view. The first
+/// request also creates the view (`view_min_rate: 0`).
+async fn wait_view(s: &TestServer, sh: &str, seat: &str) {
+    eventually(
+        Duration::from_secs(5),
+        "the view to answer a read",
+        || async {
+            let before = answers(s, "read").await;
+            seat_state(s, sh, seat).await;
+            answers(s, "read").await > before
+        },
+    )
+    .await;
+}
+
+/// One answer of a storm: the seat asked for, status, body, and when the
+/// request was sent and answered.
+struct Answer {
+    seat: String,
+    status: u16,
+    body: Value,
+    sent: Instant,
+    done: Instant,
+}
+
+/// `n` single-seat holds of `seats` (round robin), `parallel` in flight.
+async fn storm(
+    s: &TestServer,
+    sh: &str,
+    seats: &[String],
+    n: usize,
+    parallel: usize,
+) -> Vec<Answer> {
+    futures_util::stream::iter(0..n)
+        .map(|i| {
+            let seat = seats[i % seats.len()].clone();
+            async move {
+                let sent = Instant::now();
+                let (status, body) = hold_one(s, sh, &seat, None).await;
+                Answer {
+                    seat,
+                    status,
+                    body,
+                    sent,
+                    done: Instant::now(),
+                }
+            }
+        })
+        .buffer_unordered(parallel)
+        .collect()
+        .await
+}
+
+/// The remaining time of a seat key in Redis (PTTL), and when it was read.
+async fn pttl(sh: &str, seat: &str) -> (i64, Instant) {
+    let mut r = redis().await;
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(format!("seat-hold:{{show:{sh}}}:{seat}"))
+        .query_async(&mut r)
+        .await
+        .expect("PTTL");
+    (ttl, Instant::now())
+}
+
+/// The `evalsha` calls of the master at `port` (every seathold script).
+async fn evalsha(port: u16) -> u64 {
+    node_calls(port, "evalsha").await
+}
+
+/// Asserts that every answer of a storm is the 409 Redis would give: the
+/// one seat asked for, held, with `expiresInMs` within the lag bound (plus
+/// a little) of its key's PTTL.
+fn assert_refusals(answers: &[Answer], pttls: &std::collections::HashMap<String, (i64, Instant)>) {
+    let slack = (LAG_MS + 100) as i64;
+    for a in answers {
+        assert_eq!(a.status, 409, "{}: {}", a.seat, a.body);
+        assert_eq!(a.body["error"], "seats_taken", "{}", a.body);
+        let taken = a.body["taken"].as_array().expect("taken");
+        assert_eq!(taken.len(), 1, "{}", a.body);
+        assert_eq!(taken[0]["seat"], a.seat.as_str(), "{}", a.body);
+        assert_eq!(taken[0]["state"], "held", "{}", a.body);
+        assert!(taken[0].get("show").is_none(), "{}", a.body);
+        let (ttl, at) = pttls[&a.seat];
+        let since = |t: Instant| t.saturating_duration_since(at).as_millis() as i64;
+        let (low, high) = (ttl - since(a.done) - slack, ttl - since(a.sent) + slack);
+        let got = taken[0]["expiresInMs"].as_i64().expect("expiresInMs");
+        assert!(
+            (low..=high).contains(&got),
+            "{}: expiresInMs {got} outside {low}..={high} (PTTL {ttl})",
+            a.seat
+        );
+    }
+}
+
+/// 1. A conflict storm: 500 single-seat holds (20 in flight) of 10 held
+///    seats, once the view is current, are all the 409 Redis would give,
+///    and at least 90% of them reach no Redis node: the view's conflict
+///    counter grows by at least 450, and the slot master's `evalsha` calls
+///    by at most 50 beyond its quiet rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflict_storm_is_answered_without_redis() {
+    let _lock = exclusive().await;
+    let a = server_with(with_view()).await;
+    let sh = show("storm");
+    let (_, master) = slot_and_master(&sh).await;
+    let seats: Vec<String> = (1..=10).map(|i| format!("E{i}")).collect();
+    for seat in &seats {
+        held(&a, &sh, seat, None).await;
+    }
+    wait_view(&a, &sh, &seats[0]).await;
+    let mut pttls = std::collections::HashMap::new();
+    for seat in &seats {
+        pttls.insert(seat.clone(), pttl(&sh, seat).await);
+    }
+
+    // The master's own rate of evalsha while nothing is asked of it.
+    let quiet = Instant::now();
+    let q0 = evalsha(master).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let background = (evalsha(master).await - q0) as f64 / quiet.elapsed().as_secs_f64();
+
+    let (c0, e0, started) = (
+        answers(&a, "conflict").await,
+        evalsha(master).await,
+        Instant::now(),
+    );
+    let result = storm(&a, &sh, &seats, 500, 20).await;
+    let took = started.elapsed().as_secs_f64();
+    let (c1, e1) = (answers(&a, "conflict").await, evalsha(master).await);
+
+    assert_refusals(&result, &pttls);
+    assert!(
+        c1 - c0 >= 450.0,
+        "only {} of 500 conflicts were answered by the view",
+        c1 - c0
+    );
+    let allowed = 50.0 + background * took;
+    assert!(
+        (e1 - e0) as f64 <= allowed,
+        "the master ran {} evalsha during the storm (allowed {allowed:.0}, quiet rate {background:.1}/s)",
+        e1 - e0
+    );
+}
+
+/// 2. The view never grants. With one seat it knows free (held and
+///    released) and one it knows held, a hold of both is refused, naming
+///    only the held one; a hold of free seats is granted, by Redis (its
+///    master ran a script, and the view answered no conflict).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_view_never_grants() {
+    let _lock = exclusive().await;
+    let a = server_with(with_view()).await;
+    let sh = show("grants");
+    let (_, master) = slot_and_master(&sh).await;
+    held(&a, &sh, "T1", None).await;
+    for seat in ["F1", "F2"] {
+        let token = held(&a, &sh, seat, None).await;
+        release(&a, &sh, &token).await;
+    }
+    wait_view(&a, &sh, "T1").await;
+    wait_view(&a, &sh, "F1").await;
+    wait_view(&a, &sh, "F2").await;
+    // A storm first: the view answers conflicts of this show.
+    let c0 = answers(&a, "conflict").await;
+    for a in storm(&a, &sh, &["T1".to_owned()], 50, 10).await {
+        assert_eq!(a.status, 409, "{}", a.body);
+    }
+    assert!(answers(&a, "conflict").await - c0 >= 45.0);
+
+    let (status, body) = a
+        .post(
+            &format!("/v1/shows/{sh}/holds"),
+            json!({"seats": ["F1", "T1"]}),
+        )
+        .await;
+    assert_eq!(status, 409, "a free seat with a taken one: {body}");
+    let taken = body["taken"].as_array().expect("taken");
+    assert_eq!(taken.len(), 1, "{body}");
+    assert_eq!(taken[0]["seat"], "T1", "{body}");
+
+    let (c0, e0) = (answers(&a, "conflict").await, evalsha(master).await);
+    let (status, body) = a
+        .post(
+            &format!("/v1/shows/{sh}/holds"),
+            json!({"seats": ["F1", "F2"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "free seats: {body}");
+    assert!(evalsha(master).await > e0, "a grant that no script made");
+    assert_eq!(answers(&a, "conflict").await, c0);
+}
+
+/// 3. The view never refuses a seat free for longer than the lag bound.
+///    30 times, with a seat A's view saw held by A (and refused: the view
+///    knew it), released through B: after the bound plus 50 ms, A grants
+///    it. A hold of B with `ttlMs` 800 is granted by A 800 + 250 + 100 ms
+///    later. And a hold whose end is within the bound is left to Redis:
+///    the view answers none of its conflicts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seat_free_for_longer_than_the_bound_is_granted() {
+    let _lock = exclusive().await;
+    let a = server_with(with_view()).await;
+    let b = server_with(without_view()).await;
+    let sh = show("free");
+    held(&a, &sh, "A0", None).await;
+    wait_view(&a, &sh, "A0").await;
+
+    let c0 = answers(&a, "conflict").await;
+    for i in 1..=30 {
+        let seat = format!("R{i}");
+        let token = held(&a, &sh, &seat, None).await;
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let (status, body) = hold_one(&a, &sh, &seat, None).await;
+        assert_eq!(status, 409, "{seat} is held: {body}");
+        release(&b, &sh, &token).await;
+        tokio::time::sleep(Duration::from_millis(LAG_MS + 50)).await;
+        let (status, body) = hold_one(&a, &sh, &seat, None).await;
+        assert_eq!(
+            status,
+            201,
+            "round {i}: {seat} released through B {} ms ago was refused by A: {body}",
+            LAG_MS + 50
+        );
+    }
+    let refused = answers(&a, "conflict").await - c0;
+    assert!(
+        refused >= 24.0,
+        "the view answered only {refused} of the 30 refusals: the test proves nothing"
+    );
+
+    // Expiry: no event says the seat is free, its time does.
+    held(&b, &sh, "X1", Some(800)).await;
+    tokio::time::sleep(Duration::from_millis(800 + LAG_MS + 100)).await;
+    let (status, body) = hold_one(&a, &sh, "X1", None).await;
+    assert_eq!(
+        status,
+        201,
+        "a hold that ended {} ms ago: {body}",
+        LAG_MS + 100
+    );
+
+    // A hold ending within the bound: Redis answers its conflicts.
+    let start = Instant::now();
+    held(&b, &sh, "X2", Some(1000)).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let c0 = answers(&a, "conflict").await;
+    let mut asked = 0;
+    while start.elapsed() < Duration::from_millis(950) {
+        let (status, body) = hold_one(&a, &sh, "X2", None).await;
+        assert_eq!(status, 409, "{body}");
+        asked += 1;
+    }
+    assert!(asked > 0, "the machine is too slow for this check");
+    assert_eq!(
+        answers(&a, "conflict").await,
+        c0,
+        "the view refused a seat whose hold ends within the lag bound"
+    );
+}
+
+/// 4. Reads from the view equal what Redis says: a seat sold, held, free
+///    (held and released), held by a writer outside seathold, never
+///    touched, and sold before the view existed; one by one and with
+///    `?ids=`. The view answers the reads of the seats it knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_from_the_view_equal_redis() {
+    let _lock = exclusive().await;
+    let a = server_with(with_view()).await;
+    let b = server_with(without_view()).await;
+    let sh = show("reads");
+    // Sold through B before A ever saw the show: the view cannot know it.
+    let early = held(&b, &sh, "S0", None).await;
+    let (status, body) = b
+        .call(
+            "POST",
+            &format!("/v1/shows/{sh}/holds/{early}/confirm"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+
+    let sold = held(&a, &sh, "S1", None).await;
+    let (status, body) = a
+        .call(
+            "POST",
+            &format!("/v1/shows/{sh}/holds/{sold}/confirm"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    held(&a, &sh, "H1", None).await;
+    let freed = held(&a, &sh, "F1", None).await;
+    release(&a, &sh, &freed).await;
+    let _: () = redis::cmd("SET")
+        .arg(format!("seat-hold:{{show:{sh}}}:W1"))
+        .arg("7d2f2b4e-0d5c-4b7e-9a53-1f6a4f1c2d3e")
+        .arg("NX")
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut redis().await)
+        .await
+        .expect("raw SET");
+    wait_view(&a, &sh, "S1").await;
+    wait_view(&a, &sh, "F1").await;
+
+    let close = |view: &Value, redis: &Value| {
+        assert_eq!(
+            view["state"], redis["state"],
+            "view {view} vs Redis {redis}"
+        );
+        assert_eq!(view["seat"], redis["seat"], "view {view} vs Redis {redis}");
+        match (view["expiresInMs"].as_i64(), redis["expiresInMs"].as_i64()) {
+            (Some(v), Some(r)) => assert!(
+                (v - r).abs() <= (LAG_MS + 100) as i64,
+                "view {view} vs Redis {redis}"
+            ),
+            (v, r) => assert_eq!(v, r, "view {view} vs Redis {redis}"),
+        }
+    };
+    let r0 = answers(&a, "read").await;
+    let seats = ["S0", "S1", "H1", "F1", "W1", "N1"];
+    for seat in seats {
+        let view = seat_state(&a, &sh, seat).await;
+        let redis = seat_state(&b, &sh, seat).await;
+        close(&view, &redis);
+    }
+    assert!(
+        answers(&a, "read").await - r0 >= 3.0,
+        "the view answered none of the reads of S1, H1, F1"
+    );
+    let known = "S1,H1,F1";
+    let r0 = answers(&a, "read").await;
+    for ids in [known.to_owned(), seats.join(",")] {
+        let (sa, view) = a.get(&format!("/v1/shows/{sh}/seats?ids={ids}")).await;
+        let (sb, redis) = b.get(&format!("/v1/shows/{sh}/seats?ids={ids}")).await;
+        assert_eq!((sa, sb), (200, 200), "{view} {redis}");
+        for seat in ids.split(',') {
+            close(&view["seats"][seat], &redis["seats"][seat]);
+        }
+    }
+    assert!(answers(&a, "read").await - r0 >= 1.0);
+}
+
+/// 5. Holds made before the view existed (through B, before A ever saw the
+///    show) are learned from the deadline index: A's first request makes
+///    the view, and a storm against those seats is then answered by it.
+///    A hold of several of those seats that gives one back (PATCH through
+///    B) frees it in the view too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_made_before_the_view_are_learned() {
+    let _lock = exclusive().await;
+    let a = server_with(with_view()).await;
+    let b = server_with(without_view()).await;
+    let sh = show("early");
+    let seats: Vec<String> = (1..=5).map(|i| format!("P{i}")).collect();
+    for seat in &seats {
+        held(&b, &sh, seat, None).await;
+    }
+    let both = b.hold(&sh, &["M1", "M2"]).await;
+    let both = both["holdToken"].as_str().expect("token").to_owned();
+    let mut pttls = std::collections::HashMap::new();
+    for seat in &seats {
+        pttls.insert(seat.clone(), pttl(&sh, seat).await);
+    }
+
+    // A's first request of the show makes its view.
+    seat_state(&a, &sh, "P1").await;
+    tokio::time::sleep(Duration::from_millis(LAG_MS + 50)).await;
+    let c0 = answers(&a, "conflict").await;
+    let result = storm(&a, &sh, &seats, 100, 10).await;
+    assert_refusals(&result, &pttls);
+    let answered = answers(&a, "conflict").await - c0;
+    assert!(
+        answered >= 90.0,
+        "the view answered {answered} of 100 conflicts over holds it should have learned"
+    );
+
+    // M2 given back by B: A's view must not keep it held.
+    let c0 = answers(&a, "conflict").await;
+    let (status, body) = hold_one(&a, &sh, "M2", None).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(answers(&a, "conflict").await - c0, 1.0, "the view knew M2");
+    let (status, body) = b
+        .call(
+            "PATCH",
+            &format!("/v1/shows/{sh}/holds/{both}"),
+            Some(json!({"remove": ["M2"]})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    tokio::time::sleep(Duration::from_millis(LAG_MS + 50)).await;
+    let (status, body) = hold_one(&a, &sh, "M2", None).await;
+    assert_eq!(
+        status,
+        201,
+        "M2, given back {} ms ago, was refused: {body}",
+        LAG_MS + 50
+    );
+}
+
+/// 6. A writer outside seathold: a seat held by a raw `SET … NX PX` is
+///    refused (by Redis: the view has no event of it), and once a raw `DEL`
+///    frees it, A grants it at once: the view learned nothing held from
+///    Redis's 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_hold_is_refused_by_redis_and_not_remembered() {
+    let _lock = exclusive().await;
+    let a = server_with(with_view()).await;
+    let sh = show("raw");
+    held(&a, &sh, "A1", None).await;
+    wait_view(&a, &sh, "A1").await;
+    let key = format!("seat-hold:{{show:{sh}}}:E7");
+    let mut r = redis().await;
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg("3b0c8a2e-5f14-4c1d-8e7a-2b9d6c4f1a08")
+        .arg("NX")
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut r)
+        .await
+        .expect("raw SET");
+    let c0 = answers(&a, "conflict").await;
+    for _ in 0..3 {
+        let (status, body) = hold_one(&a, &sh, "E7", None).await;
+        assert_eq!(status, 409, "{body}");
+        assert_eq!(body["taken"][0]["seat"], "E7", "{body}");
+        assert_eq!(body["taken"][0]["state"], "held", "{body}");
+    }
+    assert_eq!(answers(&a, "conflict").await, c0, "Redis answers those");
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut r)
+        .await
+        .expect("raw DEL");
+    let (status, body) = hold_one(&a, &sh, "E7", None).await;
+    assert_eq!(status, 201, "E7 freed by a raw DEL: {body}");
+}
+
+/// 7. A view whose reader is not current answers nothing. `CLIENT PAUSE
+///    1500 ALL` on the slot's master stalls the reader: its XREAD is not
+///    answered, so `current_at` stops moving. (Killing the reader's
+///    connection is not robust: the reader reconnects within 50 ms, before
+///    the view ever counts as stale.) Requests sent while the pause lasts,
+///    more than the lag bound after it began, wait for Redis (and are
+///    answered when it ends, within `--redis-timeout-ms`): the view
+///    answers neither their conflicts nor their reads. Once the pause is
+///    over the view answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_whose_reader_is_not_current_answers_nothing() {
+    let _lock = exclusive().await;
+    let a = server_with(with_view()).await;
+    let sh = show("stale");
+    let (_, master) = slot_and_master(&sh).await;
+    let seats: Vec<String> = (1..=4).map(|i| format!("K{i}")).collect();
+    for seat in &seats {
+        held(&a, &sh, seat, None).await;
+    }
+    wait_view(&a, &sh, &seats[0]).await;
+    let c0 = answers(&a, "conflict").await;
+    storm(&a, &sh, &seats, 20, 5).await;
+    assert!(
+        answers(&a, "conflict").await - c0 >= 18.0,
+        "the view was answering"
+    );
+
+    let mut admin = node(master).await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1500)
+        .arg("ALL")
+        .query_async(&mut admin)
+        .await
+        .expect("CLIENT PAUSE");
+    let paused = Instant::now();
+    tokio::time::sleep(Duration::from_millis(LAG_MS + 250)).await;
+    let (c0, r0) = (answers(&a, "conflict").await, answers(&a, "read").await);
+    let reads = async {
+        let mut out = Vec::new();
+        for seat in &seats {
+            out.push(a.get(&format!("/v1/shows/{sh}/seats/{seat}")).await);
+        }
+        out
+    };
+    let (result, reads) = tokio::join!(storm(&a, &sh, &seats, 20, 20), reads);
+    let (c1, r1) = (answers(&a, "conflict").await, answers(&a, "read").await);
+    for a in &result {
+        assert_eq!(a.status, 409, "{}", a.body);
+        // Sent while the master was paused, answered only after.
+        assert!(
+            a.done.duration_since(paused) >= Duration::from_millis(1400),
+            "answered {:?} into the pause: {}",
+            a.done.duration_since(paused),
+            a.body
+        );
+    }
+    for (status, body) in &reads {
+        assert_eq!(*status, 200, "{body}");
+        assert_eq!(body["state"], "held", "{body}");
+    }
+    assert_eq!(
+        c1, c0,
+        "the view answered conflicts while its reader was stalled"
+    );
+    assert_eq!(
+        r1, r0,
+        "the view answered reads while its reader was stalled"
+    );
+
+    // Current again: the view answers.
+    tokio::time::sleep(Duration::from_millis(LAG_MS + 50)).await;
+    let c0 = answers(&a, "conflict").await;
+    storm(&a, &sh, &seats, 20, 5).await;
+    assert!(
+        answers(&a, "conflict").await - c0 >= 18.0,
+        "the view answers again"
+    );
+}
+
+/// 8. The switches: `--view-max-lag-ms 0` turns the view off (a storm goes
+///    to Redis, the counter stays put), and with `--view-min-rate 1000` a
+///    few requests never make a view.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_switches_turn_the_view_off() {
+    let _lock = exclusive().await;
+    for (name, opts) in [
+        ("--view-max-lag-ms 0", without_view()),
+        (
+            "--view-min-rate 1000",
+            Options {
+                view_min_rate: 1000,
+                ..options()
+            },
+        ),
+    ] {
+        let a = server_with(opts).await;
+        let sh = show("off");
+        let (_, master) = slot_and_master(&sh).await;
+        let seats: Vec<String> = (1..=5).map(|i| format!("O{i}")).collect();
+        for seat in &seats {
+            held(&a, &sh, seat, None).await;
+        }
+        tokio::time::sleep(Duration::from_millis(LAG_MS + 50)).await;
+        let (c0, r0, e0) = (
+            answers(&a, "conflict").await,
+            answers(&a, "read").await,
+            evalsha(master).await,
+        );
+        for a in storm(&a, &sh, &seats, 30, 1).await {
+            assert_eq!(a.status, 409, "{}", a.body);
+        }
+        for seat in &seats {
+            seat_state(&a, &sh, seat).await;
+        }
+        assert_eq!(answers(&a, "conflict").await, c0, "{name}: conflicts");
+        assert_eq!(answers(&a, "read").await, r0, "{name}: reads");
+        assert!(evalsha(master).await - e0 >= 35, "{name}: Redis answered");
+        a.stop().await;
+    }
+}
+
+/// An `expired` event comes when the sweeper writes it: up to a second
+/// after the hold's key expired (a scan later for another instance's
+/// holds), and by then the seat may be held again. Here B's hold of E1
+/// (`ttlMs` 1500) loses its key early (a raw `DEL`, standing for "expired,
+/// and taken again before the sweep"), B holds E1 again, and B's sweeper
+/// then writes the first hold's `expired`: A's view must still say held,
+/// as Redis does, and keep refusing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_expiry_does_not_free_a_seat_held_again() {
+    let _lock = exclusive().await;
+    let a = server_with(with_view()).await;
+    let b = server_with(without_view()).await;
+    let sh = show("late");
+    held(&b, &sh, "E1", Some(1500)).await;
+    wait_view(&a, &sh, "E1").await;
+    let _: () = redis::cmd("DEL")
+        .arg(format!("seat-hold:{{show:{sh}}}:E1"))
+        .query_async(&mut redis().await)
+        .await
+        .expect("raw DEL");
+    held(&b, &sh, "E1", None).await;
+    eventually(
+        Duration::from_secs(5),
+        "the first hold's expired event",
+        || async {
+            let (_, page) = b
+                .get(&format!("/v1/shows/{sh}/events?after=0-0&limit=100"))
+                .await;
+            page["events"]
+                .as_array()
+                .is_some_and(|e| e.iter().any(|e| e["type"] == "expired"))
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(LAG_MS + 50)).await;
+    let view = seat_state(&a, &sh, "E1").await;
+    let redis = seat_state(&b, &sh, "E1").await;
+    assert_eq!(redis["state"], "held", "{redis}");
+    assert_eq!(view["state"], "held", "A says {view}, Redis {redis}");
+    let c0 = answers(&a, "conflict").await;
+    let (status, body) = hold_one(&a, &sh, "E1", None).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(
+        answers(&a, "conflict").await - c0,
+        1.0,
+        "the view refuses E1"
+    );
+}
+
+/// A view made while a seat it learns from the deadline index is being
+/// released: the release may fall between the index read and the moment
+/// the new reader pins its starting position, and neither would see it.
+/// 30 rounds, each a new show whose E1 B holds: A's first request (which
+/// makes the view) and B's release race; 300 ms later A must grant E1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_while_the_view_is_made_is_not_lost() {
+    let _lock = exclusive().await;
+    let a = server_with(with_view()).await;
+    let b = server_with(without_view()).await;
+    let mut refused = Vec::new();
+    for round in 0..30u64 {
+        let sh = show("race");
+        let token = held(&b, &sh, "E1", None).await;
+        let first = async {
+            seat_state(&a, &sh, "E1").await;
+        };
+        let release = async {
+            tokio::time::sleep(Duration::from_micros(250 * (round % 3))).await;
+            release(&b, &sh, &token).await;
+        };
+        tokio::join!(first, release);
+        tokio::time::sleep(Duration::from_millis(LAG_MS + 50)).await;
+        let (status, body) = hold_one(&a, &sh, "E1", None).await;
+        if status != 201 {
+            refused.push(format!("round {round}: {status} {body}"));
+        }
+    }
+    assert!(refused.is_empty(), "released seats refused: {refused:#?}");
+}
