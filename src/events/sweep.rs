@@ -14,7 +14,7 @@
 //! instance). A hold that expires while no instance runs gets its event when
 //! one starts.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,8 +41,53 @@ pub struct Sweeper {
     keys: KeySpace,
     max_len: u64,
     /// When each known show's next deadline passes (local clock).
-    due: Mutex<HashMap<ShowId, Instant>>,
+    due: Mutex<Due>,
     wake: Notify,
+}
+
+/// The shows to sweep, by show and in deadline order: scheduling and taking
+/// the next due shows cost a logarithm of the shows known, not their
+/// number, as every hold schedules its show.
+#[derive(Default)]
+struct Due {
+    by_show: HashMap<ShowId, Instant>,
+    order: BTreeSet<(Instant, ShowId)>,
+}
+
+impl Due {
+    /// Sets `show` due at `at`, or earlier if it already was; answers
+    /// whether `at` is now the earliest deadline of all (the loop must wake).
+    fn set(&mut self, show: &ShowId, at: Instant, only_earlier: bool) -> bool {
+        if let Some(old) = self.by_show.get(show).copied() {
+            if only_earlier && at >= old {
+                return false;
+            }
+            self.order.remove(&(old, show.clone()));
+        }
+        self.by_show.insert(show.clone(), at);
+        self.order.insert((at, show.clone()));
+        self.order.first().is_some_and(|(first, _)| *first == at)
+    }
+
+    fn remove(&mut self, show: &ShowId) {
+        if let Some(old) = self.by_show.remove(show) {
+            self.order.remove(&(old, show.clone()));
+        }
+    }
+
+    /// Up to `n` shows due by `now`, in deadline order.
+    fn ready(&self, now: Instant, n: usize) -> Vec<ShowId> {
+        self.order
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .take(n)
+            .map(|(_, show)| show.clone())
+            .collect()
+    }
+
+    fn first(&self) -> Option<Instant> {
+        self.order.first().map(|(at, _)| *at)
+    }
 }
 
 impl Sweeper {
@@ -51,7 +96,7 @@ impl Sweeper {
             cluster,
             keys,
             max_len,
-            due: Mutex::new(HashMap::new()),
+            due: Mutex::new(Due::default()),
             wake: Notify::new(),
         })
     }
@@ -60,13 +105,14 @@ impl Sweeper {
     pub fn schedule(&self, show: &ShowId, in_ms: u64) {
         let at = Instant::now() + Duration::from_millis(in_ms);
         let mut due = self.lock();
-        let entry = due.entry(show.clone()).or_insert(at);
-        if at < *entry {
-            *entry = at;
-        }
-        metrics::gauge!(m::SWEPT_SHOWS).set(due.len() as f64);
+        let earliest = due.set(show, at, true);
+        metrics::gauge!(m::SWEPT_SHOWS).set(due.by_show.len() as f64);
         drop(due);
-        self.wake.notify_one();
+        // The loop sleeps until the earliest deadline: it needs waking only
+        // when this one comes before it.
+        if earliest {
+            self.wake.notify_one();
+        }
     }
 
     /// A hint that `show` may have a deadline due now (an expired hold
@@ -77,7 +123,7 @@ impl Sweeper {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ShowId, Instant>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Due> {
         // One map operation per lock: a poisoned lock guards a whole map.
         self.due
             .lock()
@@ -92,36 +138,23 @@ impl Sweeper {
                 self.scan().await;
                 next_scan = Instant::now() + SCAN_EVERY;
             }
-            let ready: Vec<ShowId> = {
-                let now = Instant::now();
-                let due = self.lock();
-                due.iter()
-                    .filter(|(_, at)| **at <= now)
-                    .map(|(show, _)| show.clone())
-                    .take(PARALLEL)
-                    .collect()
-            };
+            let ready: Vec<ShowId> = self.lock().ready(Instant::now(), PARALLEL);
             let swept = futures_util::future::join_all(ready.iter().map(|s| self.sweep(s))).await;
             for (show, next) in ready.iter().zip(swept) {
                 let mut due = self.lock();
                 match next {
                     Some(ms) => {
-                        due.insert(show.clone(), Instant::now() + Duration::from_millis(ms));
+                        due.set(show, Instant::now() + Duration::from_millis(ms), false);
                     }
-                    None => {
-                        due.remove(show);
-                    }
+                    None => due.remove(show),
                 }
-                metrics::gauge!(m::SWEPT_SHOWS).set(due.len() as f64);
+                metrics::gauge!(m::SWEPT_SHOWS).set(due.by_show.len() as f64);
             }
-            let sleep_until = {
-                let due = self.lock();
-                due.values()
-                    .min()
-                    .copied()
-                    .unwrap_or_else(|| Instant::now() + Duration::from_secs(1))
-                    .min(next_scan)
-            };
+            let sleep_until = self
+                .lock()
+                .first()
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(1))
+                .min(next_scan);
             tokio::select! {
                 _ = tokio::time::sleep_until(sleep_until) => {}
                 _ = self.wake.notified() => {}

@@ -42,8 +42,10 @@ pub struct Views {
     max_lag_ms: u64,
     /// Requests per second that make a show busy enough for a view.
     min_rate: u32,
-    /// Requests per show in the current second.
-    traffic: Mutex<HashMap<ShowId, (u64, u32)>>,
+    /// Requests per show in the current second, and the second of the
+    /// last pruning (once a second, not per request: every request of every
+    /// show comes through here).
+    traffic: Mutex<(HashMap<ShowId, (u64, u32)>, u64)>,
 }
 
 impl Views {
@@ -60,7 +62,7 @@ impl Views {
             keys,
             max_lag_ms,
             min_rate,
-            traffic: Mutex::new(HashMap::new()),
+            traffic: Mutex::new((HashMap::new(), 0)),
         }
     }
 
@@ -69,12 +71,14 @@ impl Views {
     pub fn for_show(&self, show: &ShowId) -> Option<Arc<SeatView>> {
         let second = now_ms() / 1000;
         let busy = {
-            let mut traffic = self
+            let mut guard = self
                 .traffic
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if traffic.len() > 10_000 {
-                traffic.retain(|_, (s, _)| *s + 2 >= second);
+            let (traffic, pruned) = &mut *guard;
+            if *pruned != second {
+                traffic.retain(|_, (s, _)| *s == second);
+                *pruned = second;
             }
             let (at, count) = traffic.entry(show.clone()).or_insert((second, 0));
             if *at != second {
