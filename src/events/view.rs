@@ -45,8 +45,11 @@ pub struct Views {
     /// Requests per show in the current second, and the second of the
     /// last pruning (once a second, not per request: every request of every
     /// show comes through here).
-    traffic: Mutex<(HashMap<ShowId, (u64, u32)>, u64)>,
+    traffic: Mutex<Traffic>,
 }
+
+/// Per show: (second, requests in it); and the second last pruned.
+type Traffic = (HashMap<ShowId, (u64, u32)>, u64);
 
 impl Views {
     pub fn new(
