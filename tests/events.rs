@@ -42,21 +42,7 @@ impl Api {
     }
 
     async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-        let mut req = self.http.request(method, format!("{}{path}", self.base));
-        if let Some(body) = body {
-            req = req.json(&body);
-        }
-        let resp = req.send().await.expect("request");
-        let status = resp.status().as_u16();
-        let bytes = resp.bytes().await.expect("body");
-        let value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
-        };
-        (status, value)
+        common::call_at(&self.http, &self.base, method, path, body).await
     }
 
     /// Holds `seats` of `show` for `ttl_ms`; panics unless 201.
@@ -1108,8 +1094,13 @@ async fn clients_that_stop_reading_are_disconnected_and_memory_stays_bounded() {
         peak >> 20,
         rss_after >> 20
     );
+    // Measured on the 2-core CI machine: the same 800 holds with no stuck
+    // client grow RSS by 21-24 MB (the local seat view of 80,000 long seat
+    // ids); the 20 stuck clients add 25-28 MB more (socket buffers and each
+    // subscriber's bounded queue until it is dropped). Buffering every frame
+    // for them would add 110 MB on top, so 80 MB separates the two.
     assert!(
-        peak < rss_before + (48 << 20),
+        peak < rss_before + (80 << 20),
         "RSS grew from {} MB to {} MB",
         rss_before >> 20,
         peak >> 20

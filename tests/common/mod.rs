@@ -115,21 +115,7 @@ impl TestServer {
 
     /// Sends a request; answers status and JSON body (Null when empty).
     pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-        let mut req = self.http.request(method, format!("{}{}", self.base, path));
-        if let Some(body) = body {
-            req = req.json(&body);
-        }
-        let resp = req.send().await.expect("request");
-        let status = resp.status().as_u16();
-        let bytes = resp.bytes().await.expect("body");
-        let value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
-        };
-        (status, value)
+        call_at(&self.http, &self.base, method, path, body).await
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
@@ -207,6 +193,32 @@ impl Drop for TestServer {
             let _ = stop.send(());
         }
     }
+}
+
+/// Sends `method path` (with a JSON `body`) to the daemon at `base`;
+/// answers status and JSON body (Null when empty, a string when not JSON).
+pub async fn call_at(
+    http: &reqwest::Client,
+    base: &str,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+    let mut req = http.request(method, format!("{base}{path}"));
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    let resp = req.send().await.expect("request");
+    let status = resp.status().as_u16();
+    let bytes = resp.bytes().await.expect("body");
+    let value = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+    };
+    (status, value)
 }
 
 /// A direct cluster connection, for checking and arranging Redis state.
