@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -642,25 +642,8 @@ fn start_dev(port: u16, extra: &[&str]) -> (Dev, Vec<String>) {
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn seathold dev");
-    let stdout = child.stdout.take().expect("stdout");
-    let dev = Dev(child);
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        // Keep draining: a closed pipe would fail the daemon's later output.
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut lines = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    // The banner's last line is the second curl example.
-    while !lines.iter().any(|l: &String| l.contains("curl -s http")) {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) => lines.push(line),
-            Err(_) => panic!("no banner from seathold dev; so far: {lines:#?}"),
-        }
-    }
-    (dev, lines)
+    let lines = common::read_banner(&mut child);
+    (Dev(child), lines)
 }
 
 #[tokio::test]

@@ -4,7 +4,8 @@
 //! folder; killed outright, the watchdogs beside its redis-servers clean up
 //! instead. Without `redis-server` on PATH it says how to install it.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -37,24 +38,7 @@ fn start_dev(args: &[&str]) -> DevRun {
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn seathold dev");
-    let stdout = child.stdout.take().expect("stdout");
-    // Read on a thread so that a silent child cannot hang the test.
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        // Keep draining after the banner: a closed pipe would make the
-        // daemon's later output fail.
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut lines = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !lines.iter().any(|l: &String| l.contains("curl -s http")) {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) => lines.push(line),
-            Err(_) => panic!("no banner from seathold dev; so far: {lines:#?}"),
-        }
-    }
+    let lines = common::read_banner(&mut child);
     let banner = lines.join("\n");
     let field = |name: &str| {
         lines

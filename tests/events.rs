@@ -166,10 +166,7 @@ fn summed(before: &[BTreeMap<String, f64>], after: &[BTreeMap<String, f64>], ser
 }
 
 async fn metric(d: &Daemon, series: &str) -> f64 {
-    scrape(&d.metrics().await)
-        .get(series)
-        .copied()
-        .unwrap_or(0.0)
+    common::series(&d.metrics().await, series)
 }
 
 /// One SSE frame: its `id`, `event` and `data` lines and its comments.

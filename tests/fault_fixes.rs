@@ -107,15 +107,10 @@ async fn cluster_ready_stays_zero_through_the_shutdown_drain() {
         .build()
         .expect("client");
     let scrape = || async {
-        let text = http
-            .get(format!("{}/metrics", d.base))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text");
-        series(&text, "seathold_cluster_ready")
+        series(
+            &common::metrics_at(&http, &d.base).await,
+            "seathold_cluster_ready",
+        )
     };
     assert_eq!(scrape().await, 1.0, "ready before the signal");
     let sent = Instant::now();

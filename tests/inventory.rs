@@ -121,16 +121,7 @@ impl Api {
     }
 
     async fn metrics(&self) -> std::collections::BTreeMap<String, f64> {
-        let text = self
-            .http
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text");
-        scrape(&text)
+        scrape(&common::metrics_at(&self.http, &self.base).await)
     }
 }
 

@@ -149,23 +149,12 @@ impl TestServer {
 
     /// `GET /metrics` as text.
     pub async fn metrics(&self) -> String {
-        self.http
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text")
+        metrics_at(&self.http, &self.base).await
     }
 
     /// The value of an unlabelled series in `/metrics` (0 when absent).
     pub async fn metric(&self, name: &str) -> f64 {
-        self.metrics()
-            .await
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or(0.0)
+        series(&self.metrics().await, name)
     }
 
     /// Waits until the series `name` reaches at least `value`.
@@ -582,13 +571,43 @@ impl Daemon {
 
     /// The `/metrics` text.
     pub async fn metrics(&self) -> String {
-        reqwest::get(format!("{}/metrics", self.base))
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text")
+        metrics_at(&reqwest::Client::new(), &self.base).await
     }
+}
+
+/// `GET {base}/metrics` as text.
+pub async fn metrics_at(http: &reqwest::Client, base: &str) -> String {
+    http.get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
+}
+
+/// Reads a `seathold dev` child's stdout until its banner is complete (the
+/// last line is the second curl example), within 60 s; answers the lines.
+/// A thread keeps draining afterwards: a closed pipe would fail the daemon's
+/// later output, and a silent child cannot hang the test.
+pub fn read_banner(child: &mut std::process::Child) -> Vec<String> {
+    use std::io::{BufRead, BufReader};
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !lines.iter().any(|l: &String| l.contains("curl -s http")) {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => lines.push(line),
+            Err(_) => panic!("no banner from seathold dev; so far: {lines:#?}"),
+        }
+    }
+    lines
 }
 
 impl Drop for Daemon {
