@@ -17,7 +17,8 @@ use crate::common::{self, cluster, show, Daemon};
 enum Outcome {
     /// A complete answer with this status.
     Answered(u16),
-    /// The connection was refused: nothing listens any more.
+    /// The connection was refused (or reset before it was established):
+    /// nothing listens any more.
     Refused,
     /// Anything else: reset, closed before a complete answer, no answer.
     Broken(String),
@@ -28,7 +29,16 @@ enum Outcome {
 async fn post_once(addr: SocketAddr, path: &str) -> Outcome {
     let mut c = match TcpStream::connect(addr).await {
         Ok(c) => c,
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Outcome::Refused,
+        // A reset during the handshake is the listener closing while this
+        // connection waited in its backlog: refused too, nothing was sent.
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::ConnectionReset
+            ) =>
+        {
+            return Outcome::Refused
+        }
         Err(e) => return Outcome::Broken(format!("connect: {e}")),
     };
     let head = format!(
