@@ -29,7 +29,9 @@ Starts `seathold dev` (a fresh local Redis Cluster plus the daemon, all on
 then a growth table (N-seat holds for N = 1 2 4 8 16 20 over /holds),
 single-seat holds on a fresh 1-master cluster versus a fresh 3-master
 cluster, and single- and four-seat holds with event streams off
-(`--events off`) and on, each against the raw SET/s of its own round. Each step is warmed up briefly first; then every master is
+(`--events off`) and on, side by side: two daemons on one cluster, each
+step measured on both in turn in every round (on/off = the ratio of their
+holds/s in that round). Each step is warmed up briefly first; then every master is
 emptied (FLUSHALL), so that every measurement, raw included, starts from an
 empty keyspace. Every HTTP response is
 counted by status; a step with any answer other than its expected one (201
@@ -181,7 +183,22 @@ replica_pids=()
 # Stops the daemon: SIGINT, then wait for it to exit (it stops its Redis
 # Cluster and removes the folder on the way out); SIGKILL after 30 s (its
 # watchdogs then kill the redis-servers).
+# stop_second: stops the daemon start_second started, if it runs.
+stop_second() {
+  [[ -n "$second_pid" ]] || return 0
+  local pid=$second_pid i
+  second_pid=""
+  kill -INT "$pid" 2>/dev/null || true
+  for ((i = 0; i < 300; i++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+
 stop_daemon() {
+  stop_second
   [[ -n "$daemon_pid" ]] || return 0
   local pid=$daemon_pid i p
   daemon_pid=""
@@ -252,6 +269,7 @@ start_daemon() {
   done
   local nodes port role pid
   nodes=$(sed -n 's/^Redis Cluster nodes: //p' "$daemon_log" | head -n 1)
+  redis_nodes=$nodes
   master_ports=()
   replica_ports=()
   master_pids=()
@@ -269,6 +287,30 @@ start_daemon() {
   done
   ((${#master_ports[@]} == masters)) || die "expected $masters masters, found ${#master_ports[@]} ($nodes)"
   echo "cluster: $masters master(s) + $((masters * replicas)) replica(s), seathold at $url (pid $daemon_pid)" >&2
+}
+
+# start_second ARGS...: a second daemon (`seathold serve ARGS...`) on the
+# cluster of start_daemon; sets second_url. Its CPU counts as the daemon's.
+second_pid=""
+second_url=""
+start_second() {
+  local log deadline=$((SECONDS + 60))
+  log="$work/second-$(date +%s%N).log"
+  SEATHOLD_LOG=info NO_COLOR=1 "$bin" serve --listen 127.0.0.1:0 --redis-nodes "$redis_nodes" \
+    --shutdown-drain-ms 0 "$@" </dev/null >"$log" 2>&1 &
+  second_pid=$!
+  second_url=""
+  while [[ -z "$second_url" ]]; do
+    kill -0 "$second_pid" 2>/dev/null || { cat "$log" >&2; second_pid=""; die "seathold serve $* exited during start-up"; }
+    ((SECONDS < deadline)) || { cat "$log" >&2; die "seathold serve $* did not start within 60 s"; }
+    second_url=$(sed -n 's/.*serving HTTP addr=\([0-9.:]*\).*/http:\/\/\1/p' "$log" | head -n 1)
+    [[ -n "$second_url" ]] || sleep 0.2
+  done
+  until [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$second_url/readyz" || true)" == 200 ]]; do
+    ((SECONDS < deadline)) || die "$second_url/readyz did not answer 200 within 60 s"
+    sleep 0.2
+  done
+  echo "second daemon: seathold serve $* at $second_url (pid $second_pid)" >&2
 }
 
 # ---------------------------------------------------------------- probes
@@ -291,7 +333,7 @@ machine_ticks() {
   awk '/^cpu /{print $2+$3+$4+$7+$8+$9; exit}' /proc/stat
 }
 cpu_snapshot() {
-  echo "$(machine_ticks) $(proc_ticks "$daemon_pid") $(proc_ticks "${master_pids[@]}") $(proc_ticks "${replica_pids[@]}")"
+  echo "$(machine_ticks) $(proc_ticks "$daemon_pid" $second_pid) $(proc_ticks "${master_pids[@]}") $(proc_ticks "${replica_pids[@]}")"
 }
 # wait_for_idle: with --wait-idle, waits (at most that long) until the
 # machine, not counting our cluster and daemon, used under 25% of one core
@@ -879,40 +921,56 @@ if has_section masters; then
 fi
 
 if has_section events; then
-  # Event streams off and on, each on a fresh 3-master cluster, in rounds
-  # of raw SET, single- and four-seat holds; ratios to the round's own raw.
+  # Event streams off and on, side by side: one fresh 3-master cluster, the
+  # dev daemon with events on and a second one (`serve --events off`) on
+  # the same cluster. Each round measures raw SET, then every step on both
+  # daemons in turn (which goes first alternates by round), so both see
+  # the same machine state; on/off is the ratio of their holds/s within
+  # the round, and the table shows medians over the rounds.
   declare -A E=()
-  for events in off on; do
-    start_daemon 3 --events "$events"
-    for ((round = 1; round <= rounds; round++)); do
-      echo "  events $events: round $round of $rounds" >&2
-      run_raw events "raw-ev$events"
-      raw=${R[ok_rps]}
-      record events "raw-ev$events.r$round" 3 "$raw"
-      for spec in "hold1 hold1.lua 1" "hold4 holds.lua 4"; do
-        read -r step lua seats <<<"$spec"
+  start_daemon 3
+  on_url=$url
+  start_second --events off
+  off_url=$second_url
+  for ((round = 1; round <= rounds; round++)); do
+    echo "  events: round $round of $rounds" >&2
+    run_raw events "raw-ev"
+    raw=${R[ok_rps]}
+    record events "raw-ev.r$round" 3 "$raw"
+    order="off on"
+    ((round % 2)) || order="on off"
+    for spec in "hold1 hold1.lua 1" "hold4 holds.lua 4"; do
+      read -r step lua seats <<<"$spec"
+      declare -A got=()
+      for events in $order; do
+        if [[ "$events" == on ]]; then url=$on_url; else url=$off_url; fi
         run_wrk events "$step-ev$events" "$lua" 201 "$seats" 1000000
         record events "$step-ev$events.r$round" 3 "$raw"
+        got[$events]=${R[ok_rps]}
         E[$step,$events]+=" $(ratio "${R[ok_rps]}" "$raw")"
         E[$step,$events,rps]+=" ${R[ok_rps]}"
         E[$step,$events,p99]+=" ${R[p99]}"
         [[ "${R[valid]}" == ok ]] || E[$step,$events,invalid]="${R[valid]} (${R[statuses]})"
       done
+      E[$step,onoff]+=" $(ratio "${got[on]}" "${got[off]}")"
+      unset got
     done
-    stop_daemon
   done
+  url=$on_url
+  stop_daemon
   for step in hold1 hold4; do
     read -r -a off <<<"${E[$step,off]}"
     read -r -a on <<<"${E[$step,on]}"
+    read -r -a onoff <<<"${E[$step,onoff]}"
     read -r -a offrps <<<"${E[$step,off,rps]}"
     read -r -a onrps <<<"${E[$step,on,rps]}"
     read -r -a offp99 <<<"${E[$step,off,p99]}"
     read -r -a onp99 <<<"${E[$step,on,p99]}"
     check="${E[$step,off,invalid]:-}${E[$step,on,invalid]:-}"
-    events_lines+=("$(printf '%-6s %9s %6s %8s %9s %6s %8s %9s  %s' "$step" \
+    events_lines+=("$(printf '%-6s %9s %6s %8s %9s %6s %8s %9s %11s  %s' "$step" \
       "$(median "${offrps[@]}")" "$(median "${off[@]}")" "$(median "${offp99[@]}")" \
       "$(median "${onrps[@]}")" "$(median "${on[@]}")" "$(median "${onp99[@]}")" \
-      "$(ratio "$(median "${on[@]}")" "$(median "${off[@]}")")" "${check:-ok}")")
+      "$(median "${onoff[@]}")" "$(spread "${onoff[@]}")" "${check:-ok}")")
   done
 fi
 
@@ -949,9 +1007,10 @@ if ((${#masters_lines[@]})); then
 fi
 if ((${#events_lines[@]})); then
   echo
-  echo "Event streams: holds with --events off and on, 3 masters, median of $rounds round(s);"
-  echo "x raw = holds/s divided by the raw SET/s of the same round; on/off = the two x raw"
-  printf '%-6s %9s %6s %8s %9s %6s %8s %9s  %s\n' step "off /s" "x raw" "p99" "on /s" "x raw" "p99" "on/off" check
+  echo "Event streams: holds with --events off and on side by side (two daemons, one 3-master"
+  echo "cluster, each step on both in turn), median of $rounds round(s); x raw = holds/s divided by the"
+  echo "raw SET/s of the same round; on/off = on holds/s divided by off holds/s of the same round"
+  printf '%-6s %9s %6s %8s %9s %6s %8s %9s %11s  %s\n' step "off /s" "x raw" "p99" "on /s" "x raw" "p99" "on/off" "range" check
   printf '%s\n' "${events_lines[@]}"
 fi
 echo

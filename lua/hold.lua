@@ -78,6 +78,63 @@ local idem = ARGV[6] ~= '' and KEYS[ek + 2 * E]
 local ia, qa = 15, 15 + E
 local ua = qa + P
 
+-- One seat and nothing else, the hold an on-sale is made of, runs here,
+-- before the general path below defines its helpers: their closures,
+-- tables and string.format cost the master on every run. Measured with
+-- redis-benchmark against one redis-server (INFO cpu per EVALSHA, events
+-- on): 23.6 us instead of 25.2-26.5 on one show, 31 instead of 32-33 on a
+-- new show each time. It makes the same calls and gives the same answers
+-- as the general path; a seat that is not free goes on to the general
+-- path only when it may be this very hold's (a resend).
+if S == 1 and P == 0 and H == 0 and E + F == 1 then
+  local seat = KEYS[first]
+  local done = idem and redis.call('GET', idem)
+  if done then return {-3, done} end
+  if redis.call('SET', seat, token, 'NX', 'PX', ttl) then
+    -- fence and created as digits, now as a number
+    local fence, created, now, stream, id
+    if E == 1 then
+      stream = KEYS[ek + 1]
+      id = redis.call('XADD', stream, 'MAXLEN', '~', ARGV[9], '*',
+        't', 'held', 'r', ARGV[10], 's', ARGV[ia], 'l', ttl)
+      local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+      if #seq > 3 then
+        -- as in add_events below: the next millisecond, sequence 0
+        redis.call('XDEL', stream, id)
+        ms, seq = string.format('%d', tonumber(ms) + 1), '0'
+        id = redis.call('XADD', stream, ms .. '-0', 't', 'held', 'r', ARGV[10], 's', ARGV[ia], 'l', ttl)
+      end
+      -- ms x 1000 + seq, written as digits: no arithmetic on 16 digits
+      fence, created, now = ms .. string.rep('0', 3 - #seq) .. seq, ms, tonumber(ms)
+    else
+      now = redis.call('PEXPIRETIME', seat) - ttl
+      local f = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+      fence, created = string.format('%d', math.max(now * 1000, f + 1)), string.format('%d', now)
+    end
+    local at = now + ttl
+    if not redis.call('SET', KEYS[1], fence .. ' ' .. created .. ' ' .. ARGV[4] .. ' ' .. ARGV[5], 'NX', 'PXAT', at) then
+      redis.call('DEL', seat)
+      if id then redis.call('XDEL', stream, id) end
+      return {-4}
+    end
+    if E == 1 then
+      redis.call('ZADD', KEYS[ek], at, ARGV[10] .. ' ' .. fence .. ' ' .. ARGV[ia])
+    else
+      redis.call('SET', KEYS[2], fence)
+    end
+    if idem then
+      redis.call('SET', idem, string.format('%s 201 %s %s %d', ARGV[6], token, fence, at), 'PX', ARGV[7])
+    end
+    return {1, tonumber(fence), ttl, now}
+  end
+  local v = redis.call('GET', seat) or ''
+  if v ~= token then
+    local state = 1
+    if string.sub(v, 1, 5) == 'sold:' then state = 2 end
+    return {0, 1, state, redis.call('PTTL', seat)}
+  end
+end
+
 if idem then
   local done = redis.call('GET', idem)
   if done then return {-3, done} end

@@ -1269,6 +1269,54 @@ async fn patch_fences_past_999_events_in_one_millisecond() {
     );
 }
 
+/// A single-seat hold (the script's fast path) whose stream id would carry
+/// a sequence past 999 moves to the next millisecond as every other write
+/// does: its fence is that millisecond x 1000, its `held` event has that id,
+/// and no event is left behind at the id it gave up.
+#[tokio::test]
+async fn hold_fences_past_999_events_in_one_millisecond() {
+    let _guard = common::shared().await;
+    let s = server_with(options()).await;
+    let api = Api::new(&s.base);
+    let sh = show("hold-fence");
+    let stream = format!("seat-hold:{{show:{sh}}}#events");
+    let mut r = redis().await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis();
+    let ahead = i64::try_from(now).expect("ms") + 60_000;
+    let _: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg(format!("{ahead}-999"))
+        .arg("t")
+        .arg("test")
+        .query_async(&mut r)
+        .await
+        .expect("XADD");
+    let (status, held) = api
+        .post(&format!("/v1/shows/{sh}/seats/B1/hold"), json!({}))
+        .await;
+    assert_eq!(status, 201, "{held}");
+    assert_eq!(held["fence"].as_i64(), Some((ahead + 1) * 1000), "{held}");
+    let ids: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+        .arg(&stream)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut r)
+        .await
+        .expect("XRANGE");
+    let ids: Vec<&str> = ids.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [format!("{ahead}-999"), format!("{}-0", ahead + 1)],
+        "the held event moved to the next ms, nothing left at {ahead}-1000"
+    );
+    let (status, later) = api.hold(&sh, json!({"seats": ["B2"]})).await;
+    assert_eq!(status, 201, "{later}");
+    assert!(later["fence"].as_i64() > held["fence"].as_i64(), "{later}");
+}
+
 /// Concurrent PATCHes of one hold each apply to what the hold is when they
 /// run: all succeed, none is lost, and the seats, pool units and holder
 /// count left behind are exactly the hold's.

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{cluster, master_ports, node_id, server, show, slot_of};
+use common::{cluster, cluster_cmd, master_ports, node_id, server, show, slot_of};
 
 /// Slots moved each way: the source's lowest 101, the busy show's among them.
 const MOVED_SLOTS: u16 = 101;
@@ -37,10 +37,24 @@ async fn reshard(from: u16, to: u16) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    cluster()
-        .wait_until_ok(Duration::from_secs(30))
-        .await
-        .expect("cluster healthy after a reshard");
+    // The nodes learn the new owner by gossip, which carries the target's
+    // config epoch. Rarely (once in the runs of 2026-11-30) a master kept
+    // the old owner of a slot for 30 s and more: Redis's own open issue
+    // redis/redis#2969, "nodes have a different slots mapping after a
+    // reshard". Bumping the target's epoch makes its claim win everywhere,
+    // as `SETSLOT NODE` was meant to; what is under test is seathold during
+    // the move, not Redis's gossip after it.
+    if let Err(err) = cluster().wait_until_ok(Duration::from_secs(10)).await {
+        eprintln!("masters disagree 10 s after a reshard ({err}); CLUSTER BUMPEPOCH on {to}");
+        let bumped: String = cluster_cmd(to, &["BUMPEPOCH"])
+            .await
+            .expect("CLUSTER BUMPEPOCH");
+        eprintln!("CLUSTER BUMPEPOCH on {to}: {bumped}");
+        cluster()
+            .wait_until_ok(Duration::from_secs(30))
+            .await
+            .expect("cluster healthy after a reshard");
+    }
 }
 
 /// Holds a random seat of `show` and releases it, until `stop`; answers
