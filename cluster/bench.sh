@@ -28,10 +28,12 @@ Starts `seathold dev` (a fresh local Redis Cluster plus the daemon, all on
 
 then a growth table (N-seat holds for N = 1 2 4 8 16 20 over /holds),
 single-seat holds on a fresh 1-master cluster versus a fresh 3-master
-cluster, and single- and four-seat holds with event streams off
-(`--events off`) and on, side by side: two daemons on one cluster, each
-step measured on both in turn in every round (on/off = the ratio of their
-holds/s in that round). Each step is warmed up briefly first; then every master is
+cluster, and single-seat holds (random shows, one hot show) and four-seat
+holds with event streams off (`--events off`) and on, side by side: two
+daemons on one cluster, each step measured on both in turn in every round
+(on/off = the ratio of their holds/s in that round; with random shows
+every hold starts a new stream, which a real show does once). Each step is
+warmed up briefly first; then every master is
 emptied (FLUSHALL), so that every measurement, raw included, starts from an
 empty keyspace. Every HTTP response is
 counted by status; a step with any answer other than its expected one (201
@@ -939,12 +941,12 @@ if has_section events; then
     record events "raw-ev.r$round" 3 "$raw"
     order="off on"
     ((round % 2)) || order="on off"
-    for spec in "hold1 hold1.lua 1" "hold4 holds.lua 4"; do
-      read -r step lua seats <<<"$spec"
+    for spec in "hold1 hold1.lua 1 1000000" "hot1 hold1.lua 1 0" "hold4 holds.lua 4 1000000"; do
+      read -r step lua seats shows <<<"$spec"
       declare -A got=()
       for events in $order; do
         if [[ "$events" == on ]]; then url=$on_url; else url=$off_url; fi
-        run_wrk events "$step-ev$events" "$lua" 201 "$seats" 1000000
+        run_wrk events "$step-ev$events" "$lua" 201 "$seats" "$shows"
         record events "$step-ev$events.r$round" 3 "$raw"
         got[$events]=${R[ok_rps]}
         E[$step,$events]+=" $(ratio "${R[ok_rps]}" "$raw")"
@@ -958,7 +960,7 @@ if has_section events; then
   done
   url=$on_url
   stop_daemon
-  for step in hold1 hold4; do
+  for step in hold1 hot1 hold4; do
     read -r -a off <<<"${E[$step,off]}"
     read -r -a on <<<"${E[$step,on]}"
     read -r -a onoff <<<"${E[$step,onoff]}"

@@ -224,8 +224,9 @@ pub struct Options {
     #[arg(long, env = "SEATHOLD_VIEW_MAX_LAG_MS", default_value_t = 250)]
     pub view_max_lag_ms: u64,
 
-    /// Requests per second for one show that make it busy enough for a
-    /// local seat view (0: every show gets one).
+    /// Requests per second for one show that a local seat view could have
+    /// answered (seat reads, and holds Redis refused) that give the show
+    /// one (0: its first such request); granted holds do not count.
     #[arg(long, env = "SEATHOLD_VIEW_MIN_RATE", default_value_t = 50)]
     pub view_min_rate: u32,
 

@@ -25,7 +25,8 @@ use serde_json::{json, Value};
 /// The view's lag bound in these tests: the default.
 const LAG_MS: u64 = 250;
 
-/// A daemon whose every show gets a view at once.
+/// A daemon whose every show gets a view at its first request a view could
+/// answer (a read, or a hold Redis refuses).
 fn with_view() -> Options {
     Options {
         view_min_rate: 0,
@@ -80,7 +81,7 @@ async fn seat_state(s: &TestServer, sh: &str, seat: &str) -> Value {
 
 /// Waits until `s`'s view of `sh` is current and knows `seat` (held, sold
 /// or free by its events): a read of it is answered by the view. The first
-/// request also creates the view (`view_min_rate: 0`).
+/// read also creates the view (`view_min_rate: 0`).
 async fn wait_view(s: &TestServer, sh: &str, seat: &str) {
     eventually(
         Duration::from_secs(5),
@@ -92,6 +93,15 @@ async fn wait_view(s: &TestServer, sh: &str, seat: &str) {
         },
     )
     .await;
+}
+
+/// Gives `sh` a view on `s` that sees every later event: a read makes it
+/// (reads count toward a view; granted holds do not), and a seat held
+/// after that and answered by the view proves its reader has started.
+async fn start_view(s: &TestServer, sh: &str) {
+    seat_state(s, sh, "V0").await;
+    held(s, sh, "V0", None).await;
+    wait_view(s, sh, "V0").await;
 }
 
 /// One answer of a storm: the seat asked for, status, body, and when the
@@ -233,6 +243,7 @@ async fn the_view_never_grants() {
     let a = server_with(with_view()).await;
     let sh = show("grants");
     let (_, master) = slot_and_master(&sh).await;
+    start_view(&a, &sh).await;
     held(&a, &sh, "T1", None).await;
     for seat in ["F1", "F2"] {
         let token = held(&a, &sh, seat, None).await;
@@ -360,6 +371,7 @@ async fn reads_from_the_view_equal_redis() {
         .await;
     assert_eq!(status, 200, "{body}");
 
+    start_view(&a, &sh).await;
     let sold = held(&a, &sh, "S1", None).await;
     let (status, body) = a
         .call(
@@ -718,4 +730,45 @@ async fn a_release_while_the_view_is_made_is_not_lost() {
         }
     }
     assert!(refused.is_empty(), "released seats refused: {refused:#?}");
+}
+
+/// 9. Only requests a view could answer make a show busy: 30 granted holds
+///    of one show (every show gets a view at its first such request here)
+///    start no stream reader (its master serves no XREAD) and no view; the
+///    first hold Redis refuses starts both, and later conflicts are the
+///    view's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn granted_holds_alone_start_no_view() {
+    let _lock = exclusive().await;
+    let a = server_with(with_view()).await;
+    let sh = show("grants");
+    let (_, master) = slot_and_master(&sh).await;
+    let (x0, c0) = (
+        node_calls(master, "xread").await,
+        answers(&a, "conflict").await,
+    );
+    for i in 1..=30 {
+        held(&a, &sh, &format!("G{i}"), None).await;
+    }
+    tokio::time::sleep(Duration::from_millis(LAG_MS + 50)).await;
+    assert_eq!(
+        node_calls(master, "xread").await,
+        x0,
+        "granted holds started a stream reader"
+    );
+    let (status, body) = hold_one(&a, &sh, "G1", None).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(answers(&a, "conflict").await, c0, "a view answered at once");
+    eventually(
+        Duration::from_secs(5),
+        "the view to answer a conflict",
+        || async {
+            let before = answers(&a, "conflict").await;
+            let (status, body) = hold_one(&a, &sh, "G2", None).await;
+            assert_eq!(status, 409, "{body}");
+            answers(&a, "conflict").await > before
+        },
+    )
+    .await;
+    assert!(node_calls(master, "xread").await > x0, "no stream reader");
 }

@@ -101,6 +101,12 @@ impl Hub {
         })
     }
 
+    /// The view of `show`, if it has a reader with a view attached; starts
+    /// nothing.
+    pub fn existing_view(&self, show: &ShowId) -> Option<Arc<SeatView>> {
+        self.lock().get(show)?.current_view()
+    }
+
     /// Runs `with` on the feed of `show` under the hub's lock, so that what
     /// it attaches is there before the reader (started here when the show
     /// has none) first checks for users.

@@ -40,11 +40,11 @@ pub struct Views {
     cluster: Arc<Cluster>,
     keys: KeySpace,
     max_lag_ms: u64,
-    /// Requests per second that make a show busy enough for a view.
+    /// Requests per second a view could answer (reads, refused holds) that
+    /// make a show busy enough for one.
     min_rate: u32,
-    /// Requests per show in the current second, and the second of the
-    /// last pruning (once a second, not per request: every request of every
-    /// show comes through here).
+    /// Such requests per show in the current second, and the second of the
+    /// last pruning (once a second, not per request).
     traffic: Mutex<Traffic>,
 }
 
@@ -69,8 +69,17 @@ impl Views {
         }
     }
 
-    /// The view of `show` when it is busy enough to have one (counting this
-    /// request); `None` sends the request to Redis as it is.
+    /// The view of `show` if it has one, without counting a request: what a
+    /// hold consults. A hold that Redis then refuses counts (`for_show`); one
+    /// that Redis grants does not, as no view could have answered it: a
+    /// show whose holds all succeed gets no view, and no reader to feed one.
+    pub fn existing(&self, show: &ShowId) -> Option<Arc<SeatView>> {
+        self.hub.existing_view(show)
+    }
+
+    /// The view of `show` when it is busy enough to have one, counting this
+    /// request, which a view could have answered (a read, or a hold Redis
+    /// refused); `None` sends a read to Redis as it is.
     pub fn for_show(&self, show: &ShowId) -> Option<Arc<SeatView>> {
         let second = now_ms() / 1000;
         let busy = {
@@ -83,7 +92,10 @@ impl Views {
                 traffic.retain(|_, (s, _)| *s == second);
                 *pruned = second;
             }
-            let (at, count) = traffic.entry(show.clone()).or_insert((second, 0));
+            let (at, count) = match traffic.get_mut(show) {
+                Some(entry) => entry,
+                None => traffic.entry(show.clone()).or_insert((second, 0)),
+            };
             if *at != second {
                 *at = second;
                 *count = 0;

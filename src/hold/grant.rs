@@ -100,8 +100,16 @@ impl Service {
                 let err = refusal(reply, &pairs, &contents.pools, multi).unwrap_or_else(|| {
                     Error::Internal(format!("unexpected reply of hold.lua: {reply:?}"))
                 });
-                if let (Error::SeatsTaken(taken, _), Some((view, position))) = (&err, &view) {
-                    view.learn(*position, &learned(taken));
+                if let Error::SeatsTaken(taken, _) = &err {
+                    match &view {
+                        Some((view, position)) => view.learn(*position, &learned(taken)),
+                        // A refusal a view could have given: it counts
+                        // toward giving the show one.
+                        None if view_may_answer(&contents, idem) => {
+                            self.view(home);
+                        }
+                        None => {}
+                    }
                 }
                 Err(err)
             }
@@ -155,13 +163,13 @@ impl Service {
         contents: &Contents,
         idem: Option<&Idem>,
     ) -> Result<Option<(Arc<SeatView>, u64)>, Error> {
-        let (Seats::Show(seats), None, None) = (&contents.seats, &contents.holder, idem) else {
+        let Seats::Show(seats) = &contents.seats else {
             return Ok(None);
         };
-        if !contents.pools.is_empty() {
+        if !view_may_answer(contents, idem) {
             return Ok(None);
         }
-        let Some(view) = self.view(home) else {
+        let Some(view) = self.existing_view(home) else {
             return Ok(None);
         };
         if let Some(taken) = view.refusal(seats) {
@@ -328,6 +336,15 @@ impl Drop for InFlight<'_> {
         keys.extend(tail.keys.iter().cloned());
         s.abandon_later(self.token.clone(), keys, self.ttl_ms, tail);
     }
+}
+
+/// Whether a seat view may answer a hold of `contents`: seats of one show,
+/// no pool, no holder, no outcome to record under an idempotency key.
+fn view_may_answer(contents: &Contents, idem: Option<&Idem>) -> bool {
+    matches!(
+        (&contents.seats, &contents.holder, idem),
+        (Seats::Show(_), None, None)
+    ) && contents.pools.is_empty()
 }
 
 /// What a 409 of Redis says about its seats that a seat view may learn:

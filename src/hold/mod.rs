@@ -109,9 +109,15 @@ impl Service {
         }
     }
 
-    /// The seat view of `show` when it is busy enough for one.
+    /// The seat view of `show` when it is busy enough for one, counting this
+    /// request (a read, or a hold Redis refused) toward that.
     fn view(&self, show: &ShowId) -> Option<Arc<SeatView>> {
         self.views.as_ref()?.for_show(show)
+    }
+
+    /// The view of `show` if it has one; counts nothing, starts nothing.
+    fn existing_view(&self, show: &ShowId) -> Option<Arc<SeatView>> {
+        self.views.as_ref()?.existing(show)
     }
 
     /// The cluster this service runs on.
