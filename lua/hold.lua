@@ -80,10 +80,10 @@ local ua = qa + P
 
 -- One seat and nothing else, the hold an on-sale is made of, runs here,
 -- before the general path below defines its helpers: their closures,
--- tables and string.format cost the master on every run. Measured with
--- redis-benchmark against one redis-server (INFO cpu per EVALSHA, events
--- on): 23.6 us instead of 25.2-26.5 on one show, 31 instead of 32-33 on a
--- new show each time. It makes the same calls and gives the same answers
+-- tables and string.format cost the master on every run: with events on,
+-- 22.9-23.8 us per hold instead of 25.4-25.6 on one show, 27.9-30.7
+-- instead of 32.2-32.5 on a new show each time (cluster/bench/lua-cost.sh,
+-- INFO cpu per EVALSHA). It makes the same calls and gives the same answers
 -- as the general path; a seat that is not free goes on to the general
 -- path only when it may be this very hold's (a resend).
 if S == 1 and P == 0 and H == 0 and E + F == 1 then

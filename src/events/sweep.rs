@@ -105,8 +105,13 @@ impl Sweeper {
     pub fn schedule(&self, show: &ShowId, in_ms: u64) {
         let at = Instant::now() + Duration::from_millis(in_ms);
         let mut due = self.lock();
+        let before = due.by_show.len();
         let earliest = due.set(show, at, true);
-        metrics::gauge!(m::SWEPT_SHOWS).set(due.by_show.len() as f64);
+        // Every hold comes here: the gauge (a registry lookup) only when
+        // the number of shows changed.
+        if due.by_show.len() != before {
+            metrics::gauge!(m::SWEPT_SHOWS).set(due.by_show.len() as f64);
+        }
         drop(due);
         // The loop sleeps until the earliest deadline: it needs waking only
         // when this one comes before it.

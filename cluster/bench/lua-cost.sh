@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# lua-cost.sh: Redis's CPU per EVALSHA of lua/hold.lua (a single-seat hold),
+# with events on and off, for holds of one show and of a new show each time,
+# next to a raw SET NX PX; on one throwaway redis-server, with
+# redis-benchmark (50 connections). CPU per call is INFO cpu (user + sys)
+# over the run divided by the calls: it includes the server's network work,
+# as the raw SET's does. Redis settings can follow the file, e.g.
+#   cluster/bench/lua-cost.sh [HOLD_LUA] [-- --stream-node-max-bytes 1024]
+# Needs redis-server, redis-cli, redis-benchmark and bc.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+lua=${1:-$here/../../lua/hold.lua}
+shift $(($# > 0 ? 1 : 0))
+[[ "${1:-}" != -- ]] || shift
+port=${PORT:-7999}
+n=${N:-200000}
+rounds=${ROUNDS:-2}
+
+cli() { redis-cli -p "$port" "$@"; }
+cli shutdown nosave >/dev/null 2>&1 || true
+dir=$(mktemp -d)
+trap 'cli shutdown nosave >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
+redis-server --port "$port" --save '' --appendonly no --daemonize yes \
+  --dir "$dir" --logfile "$dir/redis.log" "$@" >/dev/null
+for _ in $(seq 50); do cli ping >/dev/null 2>&1 && break; sleep 0.1; done
+
+cpu() { cli info cpu | awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { print s }'; }
+# bench NAME ARGS...: one redis-benchmark run of ARGS on an emptied server.
+bench() {
+  local name=$1 t0 t1 rate
+  shift
+  cli flushall >/dev/null
+  t0=$(cpu)
+  rate=$(redis-benchmark -p "$port" -c 50 -n "$n" -r 1000000000 --csv "$@" | tail -n 1 | awk -F'"' '{ print int($4) }')
+  t1=$(cpu)
+  printf '%-22s %9s/s %8.1f us per call\n' "$name" "$rate" "$(echo "($t1 - $t0) * 1000000 / $n" | bc -l)"
+}
+
+sha=$(cli script load "$(cat "$lua")")
+token=0e0a8b44-1b7c-4f0e-9d7a-3c2c59d6a111
+ref=0123456789abcdef
+# hold.lua's arguments for one seat, no pool, no holder, no idempotency key:
+# token, ttl, F, kind, items, fingerprint, idempotency ttl, E, cap, ref, S,
+# P, H, holder limit, then (events on) the show's items.
+on=("$token" 300000 0 s x/E7 '' 86400000 1 10000 "$ref" 1 0 0 0 E7)
+off=("$token" 300000 1 s x/E7 '' 86400000 0 10000 "$ref" 1 0 0 0)
+echo "EVALSHA of $lua, $n calls per line, redis $(redis-server --version | awk '{ print $3 }')"
+for ((r = 1; r <= rounds; r++)); do
+  bench "raw SET NX PX" SET 'k:{s__rand_int__}:E7' "$token" NX PX 300000
+  bench "events on, one show" EVALSHA "$sha" 4 'h:{s1}:hold:__rand_int__' 'h:{s1}:E__rand_int__' \
+    'h:{s1}#deadlines' 'h:{s1}#events' "${on[@]}"
+  bench "events on, new shows" EVALSHA "$sha" 4 'h:{s__rand_int__}:hold:x' 'h:{s__rand_int__}:E7' \
+    'h:{s__rand_int__}#deadlines' 'h:{s__rand_int__}#events' "${on[@]}"
+  bench "events off, one show" EVALSHA "$sha" 3 'h:{s1}:hold:__rand_int__' 'h:{s1}#fence' \
+    'h:{s1}:E__rand_int__' "${off[@]}"
+  bench "events off, new shows" EVALSHA "$sha" 3 'h:{s__rand_int__}:hold:x' 'h:{s__rand_int__}#fence' \
+    'h:{s__rand_int__}:E7' "${off[@]}"
+done
