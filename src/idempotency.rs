@@ -67,7 +67,7 @@ impl Idem {
         hash.update(b"\n");
         hash.update(canonical.as_deref().unwrap_or(body));
         let digest = hash.finalize();
-        let fingerprint = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        let fingerprint = hex::encode(&digest[..16]);
         Self { key, fingerprint }
     }
 

@@ -163,7 +163,7 @@ impl HoldToken {
     pub fn hold_ref(&self) -> String {
         use sha2::Digest;
         let digest = sha2::Sha256::digest(self.0.as_bytes());
-        digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+        hex::encode(&digest[..8])
     }
 }
 
