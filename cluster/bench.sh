@@ -252,23 +252,9 @@ start_daemon() {
   SEATHOLD_LOG=warn "$bin" dev --listen 127.0.0.1:0 --masters "$masters" --replicas "$replicas" "$@" \
     </dev/null >"$daemon_log" 2>&1 &
   daemon_pid=$!
-  local deadline=$((SECONDS + 90))
-  url=""
-  while [[ -z "$url" ]]; do
-    if ! kill -0 "$daemon_pid" 2>/dev/null; then
-      echo "bench.sh: seathold dev exited during start-up:" >&2
-      cat "$daemon_log" >&2
-      daemon_pid=""
-      exit 1
-    fi
-    ((SECONDS < deadline)) || { cat "$daemon_log" >&2; die "seathold dev did not start within 90 s"; }
-    url=$(sed -n 's/^seathold is serving on \(http:\/\/[^ ]*\).*/\1/p' "$daemon_log" | head -n 1)
-    [[ -n "$url" ]] || sleep 0.2
-  done
-  until [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$url/readyz" || true)" == 200 ]]; do
-    ((SECONDS < deadline)) || die "$url/readyz did not answer 200 within 90 s"
-    sleep 0.2
-  done
+  await_daemon "$daemon_pid" "$daemon_log" 's/^seathold is serving on \(http:\/\/[^ ]*\).*/\1/p' \
+    "seathold dev" 90
+  url=$ready_url
   local nodes port role pid
   nodes=$(sed -n 's/^Redis Cluster nodes: //p' "$daemon_log" | head -n 1)
   redis_nodes=$nodes
@@ -291,27 +277,40 @@ start_daemon() {
   echo "cluster: $masters master(s) + $((masters * replicas)) replica(s), seathold at $url (pid $daemon_pid)" >&2
 }
 
+# await_daemon PID LOG SED WHAT SECONDS: waits until the daemon PID has
+# written its URL to LOG (the sed expression SED prints it) and its /readyz
+# answers 200, and sets ready_url; dies, showing LOG, if PID exits first or
+# SECONDS pass.
+ready_url=""
+await_daemon() {
+  local pid=$1 log=$2 expr=$3 what=$4 limit=$5
+  local deadline=$((SECONDS + limit))
+  ready_url=""
+  while [[ -z "$ready_url" ]]; do
+    kill -0 "$pid" 2>/dev/null || { cat "$log" >&2; die "$what exited during start-up"; }
+    ((SECONDS < deadline)) || { cat "$log" >&2; die "$what did not start within $limit s"; }
+    ready_url=$(sed -n "$expr" "$log" | head -n 1)
+    [[ -n "$ready_url" ]] || sleep 0.2
+  done
+  until [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$ready_url/readyz" || true)" == 200 ]]; do
+    ((SECONDS < deadline)) || die "$ready_url/readyz did not answer 200 within $limit s"
+    sleep 0.2
+  done
+}
+
 # start_second ARGS...: a second daemon (`seathold serve ARGS...`) on the
 # cluster of start_daemon; sets second_url. Its CPU counts as the daemon's.
 second_pid=""
 second_url=""
 start_second() {
-  local log deadline=$((SECONDS + 60))
+  local log
   log="$work/second-$(date +%s%N).log"
   SEATHOLD_LOG=info NO_COLOR=1 "$bin" serve --listen 127.0.0.1:0 --redis-nodes "$redis_nodes" \
     --shutdown-drain-ms 0 "$@" </dev/null >"$log" 2>&1 &
   second_pid=$!
-  second_url=""
-  while [[ -z "$second_url" ]]; do
-    kill -0 "$second_pid" 2>/dev/null || { cat "$log" >&2; second_pid=""; die "seathold serve $* exited during start-up"; }
-    ((SECONDS < deadline)) || { cat "$log" >&2; die "seathold serve $* did not start within 60 s"; }
-    second_url=$(sed -n 's/.*serving HTTP addr=\([0-9.:]*\).*/http:\/\/\1/p' "$log" | head -n 1)
-    [[ -n "$second_url" ]] || sleep 0.2
-  done
-  until [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$second_url/readyz" || true)" == 200 ]]; do
-    ((SECONDS < deadline)) || die "$second_url/readyz did not answer 200 within 60 s"
-    sleep 0.2
-  done
+  await_daemon "$second_pid" "$log" 's/.*serving HTTP addr=\([0-9.:]*\).*/http:\/\/\1/p' \
+    "seathold serve $*" 60
+  second_url=$ready_url
   echo "second daemon: seathold serve $* at $second_url (pid $second_pid)" >&2
 }
 
