@@ -911,19 +911,9 @@ async fn counters_summed_over_two_instances_are_the_true_figures() {
     ];
     let http = reqwest::Client::new();
     let sh = show("two");
-    let call = |i: usize, method: &str, path: String, body: Option<Value>| {
-        let mut req = http.request(
-            reqwest::Method::from_bytes(method.as_bytes()).expect("method"),
-            format!("{}{path}", d[i % 2].base),
-        );
-        if let Some(body) = body {
-            req = req.json(&body);
-        }
-        async move {
-            let r = req.send().await.expect("request");
-            let status = r.status().as_u16();
-            (status, r.json::<Value>().await.unwrap_or(Value::Null))
-        }
+    let call = |i: usize, method: &'static str, path: String, body: Option<Value>| {
+        let (http, base) = (http.clone(), d[i % 2].base.clone());
+        async move { common::call_at(&http, &base, method, &path, body).await }
     };
     // 10 holds of 2 seats each, alternating between the instances.
     let mut tokens = Vec::new();

@@ -69,15 +69,7 @@ async fn send(
     body: Option<Value>,
     key: Option<&str>,
 ) -> Reply {
-    let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-    let mut req = s.http.request(method, format!("{}{}", s.base, path));
-    if let Some(body) = body {
-        req = req.json(&body);
-    }
-    if let Some(key) = key {
-        req = req.header("Idempotency-Key", key);
-    }
-    let resp = req.send().await.expect("request");
+    let resp = common::request_at(&s.http, &s.base, method, path, body, key).await;
     let status = resp.status().as_u16();
     let replayed = match resp.headers().get("idempotent-replayed") {
         None => false,

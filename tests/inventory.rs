@@ -44,28 +44,14 @@ impl Api {
         body: Option<Value>,
         key: Option<&str>,
     ) -> (u16, Value, bool) {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-        let mut req = self.http.request(method, format!("{}{}", self.base, path));
-        if let Some(body) = body {
-            req = req.json(&body);
-        }
-        if let Some(key) = key {
-            req = req.header("Idempotency-Key", key);
-        }
-        let resp = req.send().await.expect("request");
+        let resp = common::request_at(&self.http, &self.base, method, path, body, key).await;
         let status = resp.status().as_u16();
         let replayed = resp
             .headers()
             .get("idempotent-replayed")
             .is_some_and(|v| v == "true");
         let bytes = resp.bytes().await.expect("body");
-        let value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
-        };
-        (status, value, replayed)
+        (status, common::lenient_json(&bytes), replayed)
     }
 
     async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {

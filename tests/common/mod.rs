@@ -184,6 +184,37 @@ impl Drop for TestServer {
     }
 }
 
+/// Sends `method path` to the daemon at `base`, with an optional JSON
+/// `body` and `Idempotency-Key`; answers the response, its body unread.
+pub async fn request_at(
+    http: &reqwest::Client,
+    base: &str,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+    idempotency_key: Option<&str>,
+) -> reqwest::Response {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+    let mut req = http.request(method, format!("{base}{path}"));
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    if let Some(key) = idempotency_key {
+        req = req.header("Idempotency-Key", key);
+    }
+    req.send().await.expect("request")
+}
+
+/// A response body as JSON: Null when empty, a string when not JSON.
+pub fn lenient_json(bytes: &[u8]) -> Value {
+    if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into()))
+    }
+}
+
 /// Sends `method path` (with a JSON `body`) to the daemon at `base`;
 /// answers status and JSON body (Null when empty, a string when not JSON).
 pub async fn call_at(
@@ -193,21 +224,10 @@ pub async fn call_at(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-    let mut req = http.request(method, format!("{base}{path}"));
-    if let Some(body) = body {
-        req = req.json(&body);
-    }
-    let resp = req.send().await.expect("request");
+    let resp = request_at(http, base, method, path, body, None).await;
     let status = resp.status().as_u16();
     let bytes = resp.bytes().await.expect("body");
-    let value = if bytes.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
-    };
-    (status, value)
+    (status, lenient_json(&bytes))
 }
 
 /// A direct cluster connection, for checking and arranging Redis state.
