@@ -694,6 +694,104 @@ async fn expired_exactly_once_across_a_failover_and_a_dead_instance() {
     drop(survivor);
 }
 
+/// Holds that run out while no instance runs get their `expired` event, once,
+/// from the next instance to start: its first scan of the masters finds
+/// every deadline index. The scan reads each index's earliest deadline and
+/// schedules the show for then, so shows with nothing due cost Redis no
+/// run of sweep.lua (one run per show per scan, as before, kept the masters
+/// busy at idle once many shows had live holds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_that_ran_out_with_no_instance_expire_once_when_one_starts() {
+    let _alone = common::exclusive().await;
+    let due = show("nobody");
+    // A key prefix of its own: the instance that starts finds only these
+    // shows, whatever earlier tests left.
+    let prefix = format!("{due}:");
+    let flags = ["--key-prefix", prefix.as_str()];
+    let mut first = Daemon::start(&flags).await;
+    let api = Api::new(&first.base);
+    // 20 holds of 1 s on one show, and one hold of 8 s on each of 30 others.
+    let mut made = Vec::new();
+    for i in 0..20 {
+        made.push((due.clone(), api.hold(&due, &[format!("N{i}")], 1_000).await));
+    }
+    let last_short = Instant::now();
+    let later: Vec<String> = (0..30).map(|i| format!("{due}-later{i}")).collect();
+    for sh in &later {
+        made.push((sh.clone(), api.hold(sh, &["L1".to_owned()], 8_000).await));
+    }
+    first.child.kill().expect("SIGKILL the instance");
+    let _ = first.child.wait();
+    // Every 1 s hold runs out while no instance runs.
+    tokio::time::sleep(
+        (last_short + Duration::from_millis(1_300)).saturating_duration_since(Instant::now()),
+    )
+    .await;
+
+    let before = common::command_stats().await;
+    let second = Daemon::start(&flags).await;
+    let api = Api::new(&second.base);
+    eventually(Duration::from_secs(3), "the 20 expired events", || async {
+        let events = api.all_events(&due).await;
+        events.iter().filter(|e| e["type"] == "expired").count() >= 20
+    })
+    .await;
+    // The 30 shows whose deadlines are seconds away: scheduled (they count
+    // in the instance's gauge), not swept.
+    eventually(
+        Duration::from_secs(2),
+        "the later shows scheduled",
+        || async { metric(&second, "seathold_swept_shows").await >= 30.0 },
+    )
+    .await;
+    let after = common::command_stats().await;
+    let scripts: u64 = common::stats_delta(&before, &after)
+        .iter()
+        .filter(|((_, command), _)| command == "evalsha")
+        .map(|(_, stat)| stat[0])
+        .sum();
+    assert!(
+        scripts < 10,
+        "{scripts} script runs on the masters before any deadline of 30 shows passed"
+    );
+
+    // Then each of them expires on time, once.
+    eventually(
+        Duration::from_secs(10),
+        "the later shows' expired events",
+        || async {
+            let mut n = 0;
+            for sh in &later {
+                n += api
+                    .all_events(sh)
+                    .await
+                    .iter()
+                    .filter(|e| e["type"] == "expired")
+                    .count();
+            }
+            n >= later.len()
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    for (sh, hold) in &made {
+        let events = api.all_events(sh).await;
+        let expired: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["type"] == "expired" && e["holdRef"] == hold_ref(hold).as_str())
+            .collect();
+        assert_eq!(expired.len(), 1, "hold {hold} of {sh}: {expired:?}");
+        if sh != &due {
+            let late = id_ms(expired[0]["id"].as_str().expect("id"))
+                - iso_ms(hold["expiresAt"].as_str().expect("expiresAt"));
+            assert!(
+                late < 1_000,
+                "hold {hold} of {sh}: expired event {late} ms late"
+            );
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // 3. Server-Sent Events.
 

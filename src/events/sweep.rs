@@ -11,8 +11,10 @@
 //! expired hold records (a hint, node-local and possibly late, that covers
 //! the holds other instances made), and a scan of every master for deadline
 //! indexes at start and every [`SCAN_EVERY`] (which covers a restart of every
-//! instance). A hold that expires while no instance runs gets its event when
-//! one starts.
+//! instance). A scan reads each index's earliest deadline (a cheap read,
+//! pipelined) and schedules the show then: sweeping every show found would
+//! cost one script run per show with live holds every scan. A hold that
+//! expires while no instance runs gets its event when one starts.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -237,15 +239,75 @@ impl Sweeper {
             let (next, keys) = crate::cluster::Deadline::after(self.cluster.timeout())
                 .within(page)
                 .await?;
-            for key in keys {
-                if let Some(show) = self.keys.parse_deadlines(&key) {
-                    self.hint(show);
-                }
+            let shows: Vec<&str> = keys
+                .iter()
+                .filter_map(|key| self.keys.parse_deadlines(key))
+                .collect();
+            if !shows.is_empty() {
+                self.schedule_found(&mut conn, &keys, &shows).await;
             }
             if next == 0 {
                 return Ok(());
             }
             cursor = next;
+        }
+    }
+
+    /// Schedules the shows of one page of a scan at their earliest deadline,
+    /// read with one pipelined `ZRANGE … 0 0 WITHSCORES` per index and
+    /// Redis's `TIME`: a scan costs Redis a cheap read per show, not a run
+    /// of sweep.lua, and a show known already is moved only to an earlier
+    /// deadline. A page that cannot be read that way (a slot moved since
+    /// the SCAN, a node lost) has all its shows swept now instead.
+    async fn schedule_found(
+        &self,
+        conn: &mut redis::aio::MultiplexedConnection,
+        keys: &[String],
+        shows: &[&str],
+    ) {
+        let read = async {
+            let mut pipe = redis::pipe();
+            pipe.cmd("TIME");
+            for key in keys
+                .iter()
+                .filter(|k| self.keys.parse_deadlines(k).is_some())
+            {
+                pipe.cmd("ZRANGE").arg(key).arg(0).arg(0).arg("WITHSCORES");
+            }
+            let mut replies: Vec<redis::Value> = pipe.query_async(conn).await?;
+            let (secs, micros): (u64, u64) =
+                redis::from_redis_value(replies.remove(0)).map_err(redis::RedisError::from)?;
+            let now_ms = secs * 1_000 + micros / 1_000;
+            let mut earliest = Vec::with_capacity(replies.len());
+            for reply in replies {
+                let first: Vec<(String, f64)> =
+                    redis::from_redis_value(reply).map_err(redis::RedisError::from)?;
+                earliest.push(first.first().map(|(_, score)| *score));
+            }
+            Ok::<_, crate::error::Error>((now_ms, earliest))
+        };
+        match crate::cluster::Deadline::after(self.cluster.timeout())
+            .within(read)
+            .await
+        {
+            Ok((now_ms, earliest)) => {
+                for (show, at) in shows.iter().zip(earliest) {
+                    // An empty index (its last entry swept since the SCAN)
+                    // needs nothing.
+                    let (Some(at), Ok(show)) = (at, ShowId::parse(show)) else {
+                        continue;
+                    };
+                    // Scores are whole ms of Redis's clock.
+                    let in_ms = (at as u64).saturating_sub(now_ms);
+                    self.schedule(&show, in_ms);
+                }
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, "reading deadlines of a scan page failed; sweeping its shows");
+                for show in shows {
+                    self.hint(show);
+                }
+            }
         }
     }
 }
