@@ -16,23 +16,26 @@
 -- An entry is due once Redis's clock is past its expiry (Redis keeps a key
 -- through its expiry millisecond, so an extend in that millisecond wins).
 --
--- Returns {written, next_ms}: the events written, and the time until the
--- next deadline of the show (0 when more are due now, -1 when none is left).
+-- Returns {written, next_ms, ref...}: the events written, the time until
+-- the next deadline of the show (0 when more are due now, -1 when none is
+-- left), and the refs of the holds whose events were written (the instance
+-- then ignores Redis's expiry notifications of those holds' records).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
-local written = 0
+local reply = {0, -1}
 for i = 1, #due, 2 do
   local ref, fence, seats = string.match(due[i], '^(%S+) (%d+) (.*)$')
   redis.call('ZREM', KEYS[1], due[i])
   if ref then
     redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*',
       't', 'expired', 'r', ref, 's', seats, 'f', fence, 'x', due[i + 1])
-    written = written + 1
+    reply[1] = reply[1] + 1
+    reply[#reply + 1] = ref
   end
 end
 local next = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if #next == 0 then
-  return {written, -1}
+if #next > 0 then
+  reply[2] = math.max(tonumber(next[2]) - now, 0)
 end
-return {written, math.max(tonumber(next[2]) - now, 0)}
+return reply

@@ -185,9 +185,9 @@ async fn session(
             msg = stream.next() => {
                 let Some(msg) = msg else { return Ok(()) };
                 let key = std::str::from_utf8(msg.get_payload_bytes()).unwrap_or_default();
-                if let Some((show, _)) = shared.keys.parse_hold_record(key) {
+                if let Some((show, token)) = shared.keys.parse_hold_record(key) {
                     match &shared.sweeper {
-                        Some(sweeper) => sweeper.hint(show),
+                        Some(sweeper) => sweeper.record_expired(show, token),
                         None => metrics::counter!(m::HOLD_EXPIRIES).increment(1),
                     }
                 }

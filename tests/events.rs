@@ -753,6 +753,45 @@ async fn expiries_keep_pace_with_an_on_sale() {
     );
 }
 
+/// Each of an instance's own holds costs one sweep when it expires: Redis's
+/// notification that the hold's record expired comes after the sweep wrote
+/// the event, and the instance knows it needs no second sweep. (Answering
+/// every notification with a sweep ran 86 here. A few more than 40 can
+/// still happen: a sweep timed to the expiry may find it not yet due.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_own_expiry_costs_one_sweep() {
+    let _alone = common::exclusive().await;
+    let base = show("once");
+    // A key prefix of its own: the instance hears of no other test's keys.
+    let prefix = format!("{base}:");
+    let d = Daemon::start(&["--key-prefix", prefix.as_str()]).await;
+    let api = Api::new(&d.base);
+    let shows: Vec<String> = (0..40).map(|i| format!("{base}-{i}")).collect();
+    for sh in &shows {
+        api.hold(sh, &["O1".to_owned()], 1_000).await;
+    }
+    // sweep.lua is the one script that calls TIME and runs from now on.
+    let before = common::command_stats().await;
+    eventually(Duration::from_secs(5), "40 expiries", || async {
+        metric(&d, "seathold_hold_expiries_total").await >= 40.0
+    })
+    .await;
+    // Redis deletes expired records within a second or so and notifies.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let after = common::command_stats().await;
+    let sweeps: u64 = common::stats_delta(&before, &after)
+        .iter()
+        .filter(|((_, command), _)| command == "time")
+        .map(|(_, stat)| stat[0])
+        .sum();
+    eprintln!("own expiries: 40 holds on 40 shows expired in {sweeps} sweeps");
+    assert!(
+        (40..=50).contains(&sweeps),
+        "{sweeps} sweeps for the expiries of 40 holds on 40 shows"
+    );
+    assert_eq!(metric(&d, "seathold_hold_expiries_total").await, 40.0);
+}
+
 /// Holds that run out while no instance runs get their `expired` event, once,
 /// from the next instance to start: its first scan of the masters finds
 /// every deadline index. The scan reads each index's earliest deadline and

@@ -32,6 +32,11 @@ use crate::metrics as m;
 /// How often every master is scanned for deadline indexes.
 pub const SCAN_EVERY: Duration = Duration::from_secs(10);
 
+/// How long after a deadline (on Redis's clock) its show is swept: a few
+/// ms late rather than early, as the local clock and Redis's may differ by
+/// a round trip, and Redis counts a hold due only after its expiry ms.
+const LATE_MS: u64 = 5;
+
 /// Most holds one sweep expires (the next sweep follows at once).
 const BATCH: usize = 200;
 
@@ -47,9 +52,62 @@ pub struct Sweeper {
     cluster: Arc<Cluster>,
     keys: KeySpace,
     max_len: u64,
-    /// When each known show's next deadline passes (local clock).
+    /// When each known show's next deadline passes (local clock), and the
+    /// holds this instance expired lately.
     due: Mutex<Due>,
     wake: Notify,
+}
+
+/// How long a hold this instance expired is remembered: Redis's expiry
+/// notification of its record, which comes after the record is deleted
+/// (usually within a second, seconds under heavy expiry load), is then
+/// known to need no sweep.
+const REMEMBER: Duration = Duration::from_secs(10);
+
+/// The refs of the holds this instance expired in the last [`REMEMBER`] to
+/// twice that: two generations, the older dropped whole.
+struct Recent {
+    current: HashSet<u64>,
+    older: HashSet<u64>,
+    since: Instant,
+}
+
+impl Default for Recent {
+    fn default() -> Self {
+        Self {
+            current: HashSet::new(),
+            older: HashSet::new(),
+            since: Instant::now(),
+        }
+    }
+}
+
+impl Recent {
+    fn rotate(&mut self, now: Instant) {
+        let age = now.duration_since(self.since);
+        if age >= REMEMBER {
+            self.older = std::mem::take(&mut self.current);
+            if age >= REMEMBER * 2 {
+                self.older.clear();
+            }
+            self.since = now;
+        }
+    }
+
+    fn insert(&mut self, now: Instant, hold: u64) {
+        self.rotate(now);
+        self.current.insert(hold);
+    }
+
+    fn contains(&mut self, now: Instant, hold: u64) -> bool {
+        self.rotate(now);
+        self.current.contains(&hold) || self.older.contains(&hold)
+    }
+}
+
+/// A hold ref (16 hex digits) as a number.
+fn ref_number(hold_ref: &str) -> Option<u64> {
+    u64::from_str_radix(hold_ref, 16).ok()
 }
 
 /// The shows to sweep, by show and in deadline order: scheduling and taking
@@ -59,71 +117,106 @@ pub struct Sweeper {
 struct Due {
     by_show: HashMap<ShowId, Instant>,
     order: BTreeSet<(Instant, ShowId)>,
-    /// Shows being swept now: not started again until that sweep answers
-    /// (a show scheduled meanwhile waits in `order`).
-    running: HashSet<ShowId>,
-    /// Shows both running and waiting (scheduled again while swept).
-    both: usize,
+    /// Shows being swept now, with what came for them meanwhile: not
+    /// started again until that sweep answers, and kept out of `order`, so
+    /// taking the next due shows never steps over them.
+    running: HashMap<ShowId, Meanwhile>,
+    /// Holds this instance wrote the `expired` event of lately.
+    expired: Recent,
+}
+
+/// What came for a show while it was being swept.
+#[derive(Default)]
+struct Meanwhile {
+    /// The earliest time it was scheduled for.
+    at: Option<Instant>,
+    /// Holds whose records Redis said expired: a sweep again only for those
+    /// this sweep did not expire.
+    records: Vec<u64>,
 }
 
 impl Due {
     /// Sets `show` due at `at`, or earlier if it already was; answers
     /// whether `at` is now the earliest deadline of all (the loop must wake).
+    /// A show being swept is only noted: the sweep's answer reschedules it.
     fn set(&mut self, show: &ShowId, at: Instant, only_earlier: bool) -> bool {
+        if let Some(meanwhile) = self.running.get_mut(show) {
+            meanwhile.at = Some(meanwhile.at.map_or(at, |a| a.min(at)));
+            return false;
+        }
         if let Some(old) = self.by_show.get(show).copied() {
             if only_earlier && at >= old {
                 return false;
             }
             self.order.remove(&(old, show.clone()));
         }
-        if self.by_show.insert(show.clone(), at).is_none() && self.running.contains(show) {
-            self.both += 1;
-        }
+        self.by_show.insert(show.clone(), at);
         self.order.insert((at, show.clone()));
         self.order.first().is_some_and(|(first, _)| *first == at)
     }
 
-    /// Takes up to `n` shows due by `now` that are not being swept, in
-    /// deadline order, and marks them running.
-    fn start(&mut self, now: Instant, n: usize) -> Vec<ShowId> {
-        let ready: Vec<(Instant, ShowId)> = self
-            .order
-            .iter()
-            .take_while(|(at, _)| *at <= now)
-            .filter(|(_, show)| !self.running.contains(show))
-            .take(n)
-            .cloned()
-            .collect();
-        for (at, show) in &ready {
-            self.order.remove(&(*at, show.clone()));
-            self.by_show.remove(show);
-            self.running.insert(show.clone());
+    /// Redis said the record of hold `hold` of `show` expired at or before
+    /// `now`: answers whether to sweep the show now. Not when this instance
+    /// wrote that hold's event already, nor while a sweep of the show runs
+    /// (its answer tells whether it expired that hold).
+    fn record_expired(&mut self, show: &ShowId, hold: u64, now: Instant) -> bool {
+        if self.expired.contains(now, hold) {
+            return false;
         }
-        ready.into_iter().map(|(_, show)| show).collect()
+        match self.running.get_mut(show) {
+            Some(meanwhile) => {
+                meanwhile.records.push(hold);
+                false
+            }
+            None => true,
+        }
     }
 
-    /// A sweep of `show` answered: due again at `next` (None: its index is
-    /// empty), unless it was scheduled earlier while the sweep ran.
-    fn finish(&mut self, show: &ShowId, next: Option<Instant>) {
-        if self.running.remove(show) && self.by_show.contains_key(show) {
-            self.both -= 1;
+    /// Takes up to `n` shows due by `now`, in deadline order, and marks
+    /// them running.
+    fn start(&mut self, now: Instant, n: usize) -> Vec<ShowId> {
+        let mut shows = Vec::new();
+        while shows.len() < n {
+            match self.order.first() {
+                Some((at, _)) if *at <= now => {}
+                _ => break,
+            }
+            let Some((_, show)) = self.order.pop_first() else {
+                break;
+            };
+            self.by_show.remove(&show);
+            self.running.insert(show.clone(), Meanwhile::default());
+            shows.push(show);
         }
-        if let Some(at) = next {
+        shows
+    }
+
+    /// A sweep of `show` answered at `now`: it expired `holds`, and the show
+    /// is due again at `next` (None: its index is empty), or earlier if it
+    /// was scheduled for earlier while the sweep ran, or at once if Redis
+    /// meanwhile said a record expired whose hold the sweep did not expire.
+    fn finish(&mut self, show: &ShowId, next: Option<Instant>, holds: &[u64], now: Instant) {
+        for hold in holds {
+            self.expired.insert(now, *hold);
+        }
+        let meanwhile = self.running.remove(show).unwrap_or_default();
+        let unswept = meanwhile.records.iter().any(|r| !holds.contains(r));
+        let at = [next, meanwhile.at, unswept.then_some(now)]
+            .into_iter()
+            .flatten()
+            .min();
+        if let Some(at) = at {
             self.set(show, at, true);
         }
     }
 
-    /// The earliest deadline of a show not being swept.
     fn first(&self) -> Option<Instant> {
-        self.order
-            .iter()
-            .find(|(_, show)| !self.running.contains(show))
-            .map(|(at, _)| *at)
+        self.order.first().map(|(at, _)| *at)
     }
 
     /// Shows this instance sweeps (waiting or being swept).
     fn len(&self) -> usize {
-        self.by_show.len() + self.running.len() - self.both
+        self.by_show.len() + self.running.len()
     }
 }
 
@@ -138,9 +231,19 @@ impl Sweeper {
         })
     }
 
-    /// `show` has a deadline `in_ms` from now (or earlier): sweep it then.
+    /// `show` has a deadline `in_ms` from now (or earlier) on Redis's
+    /// clock: sweep it [`LATE_MS`] after. Redis counts a hold as due only
+    /// once its clock is past the expiry millisecond, so a sweep timed to the
+    /// millisecond often found nothing and had to run again.
     pub fn schedule(&self, show: &ShowId, in_ms: u64) {
-        let at = Instant::now() + Duration::from_millis(in_ms);
+        self.due_at(
+            show,
+            Instant::now() + Duration::from_millis(in_ms + LATE_MS),
+        );
+    }
+
+    /// Sweep `show` at `at`, or earlier if it already was due earlier.
+    fn due_at(&self, show: &ShowId, at: Instant) {
         let mut due = self.lock();
         let before = due.by_show.len();
         let earliest = due.set(show, at, true);
@@ -161,8 +264,29 @@ impl Sweeper {
     /// record seen in a keyspace notification, or a scan).
     pub fn hint(&self, show: &str) {
         if let Ok(show) = ShowId::parse(show) {
-            self.schedule(&show, 0);
+            self.due_at(&show, Instant::now());
         }
+    }
+
+    /// Redis's notification that the record of hold `token` of `show`
+    /// expired: a hint to sweep the show now, unless this instance wrote
+    /// that hold's `expired` event already or is sweeping the show (the
+    /// notification then repeats what the sweep did: answering each with a
+    /// sweep doubled the sweeps of an instance's own holds).
+    pub fn record_expired(&self, show: &str, token: &str) {
+        let Ok(show) = ShowId::parse(show) else {
+            return;
+        };
+        let hold = crate::ids::HoldToken::parse(token)
+            .ok()
+            .and_then(|t| ref_number(&t.hold_ref()));
+        let now = Instant::now();
+        if let Some(hold) = hold {
+            if !self.lock().record_expired(&show, hold, now) {
+                return;
+            }
+        }
+        self.due_at(&show, now);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Due> {
@@ -195,10 +319,11 @@ impl Sweeper {
                 .first()
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
             tokio::select! {
-                Some((show, next)) = in_flight.next(), if !in_flight.is_empty() => {
-                    let next = next.map(|ms| Instant::now() + Duration::from_millis(ms));
+                Some((show, (next, holds))) = in_flight.next(), if !in_flight.is_empty() => {
+                    let now = Instant::now();
+                    let next = next.map(|ms| now + Duration::from_millis(ms));
                     let mut due = self.lock();
-                    due.finish(&show, next);
+                    due.finish(&show, next, &holds, now);
                     metrics::gauge!(m::SWEPT_SHOWS).set(due.len() as f64);
                 }
                 _ = tokio::time::sleep_until(sleep_until), if in_flight.len() < PARALLEL => {}
@@ -226,37 +351,44 @@ impl Sweeper {
         }
     }
 
-    /// One sweep of `show`: answers when to sweep it next (ms), or `None`
-    /// when its index is empty.
-    async fn sweep(&self, show: &ShowId) -> Option<u64> {
+    /// One sweep of `show`: answers when to sweep it next (ms; `None` when
+    /// its index is empty) and the refs of the holds it expired.
+    async fn sweep(&self, show: &ShowId) -> (Option<u64>, Vec<u64>) {
         let keys = [self.keys.deadlines(show), self.keys.events(show)];
         let deadline = self.cluster.deadline();
         let script = &self.cluster.scripts().sweep;
-        let reply: Result<Vec<i64>, _> = self
+        let reply: Result<Vec<redis::Value>, _> = self
             .cluster
             .eval(&deadline, script, &keys, |c| {
                 c.arg(self.max_len).arg(BATCH);
             })
             .await;
         match reply.as_deref() {
-            Ok([written, next]) => {
+            Ok([redis::Value::Int(written), redis::Value::Int(next), refs @ ..]) => {
                 if *written > 0 {
                     let n = u64::try_from(*written).unwrap_or(0);
                     metrics::counter!(m::HOLD_EXPIRIES).increment(n);
                     metrics::counter!(m::EVENTS, "type" => "expired").increment(n);
                 }
-                // A few ms late rather than early: the local clock and
-                // Redis's may differ by the round trip.
-                u64::try_from(*next).ok().map(|ms| ms + 5)
+                let holds = refs
+                    .iter()
+                    .filter_map(|r| match r {
+                        redis::Value::BulkString(bytes) => {
+                            std::str::from_utf8(bytes).ok().and_then(ref_number)
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                (u64::try_from(*next).ok().map(|ms| ms + LATE_MS), holds)
             }
             Ok(other) => {
                 tracing::error!(reply = ?other, "unexpected reply of sweep.lua");
-                Some(1_000)
+                (Some(1_000), Vec::new())
             }
             Err(err) => {
                 metrics::counter!(m::SWEEP_FAILURES).increment(1);
                 tracing::debug!(%show, error = %err, "sweep failed; retrying");
-                Some(250)
+                (Some(250), Vec::new())
             }
         }
     }
@@ -378,4 +510,71 @@ fn glob_escape(prefix: &str) -> String {
         out.push(c);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn show(s: &str) -> ShowId {
+        ShowId::parse(s).expect("a show id")
+    }
+
+    #[test]
+    fn due_shows_start_in_deadline_order_and_only_once() {
+        let now = Instant::now();
+        let ms = |n: u64| now + Duration::from_millis(n);
+        let mut due = Due::default();
+        assert!(due.set(&show("b"), ms(20), true));
+        assert!(due.set(&show("a"), ms(10), true));
+        assert!(!due.set(&show("c"), ms(500), true));
+        // Only an earlier time moves a show with only_earlier.
+        assert!(!due.set(&show("a"), ms(30), true));
+        assert_eq!(due.start(ms(25), 8), [show("a"), show("b")]);
+        assert_eq!(due.len(), 3);
+        // Running shows are not started again, nor are they the next
+        // deadline, whatever is scheduled for them meanwhile.
+        assert!(!due.set(&show("a"), ms(0), false));
+        assert_eq!(due.first(), Some(ms(500)));
+        assert!(due.start(ms(100), 8).is_empty());
+        assert_eq!(due.len(), 3);
+        // Their sweeps answer: the earlier of the answer and what was
+        // scheduled meanwhile wins; an empty index without any is gone.
+        due.finish(&show("a"), Some(ms(1_000)), &[], ms(100));
+        due.finish(&show("b"), None, &[], ms(100));
+        assert_eq!(due.len(), 2);
+        assert_eq!(due.first(), Some(ms(0)));
+        assert_eq!(due.start(ms(600), 1), [show("a")]);
+        assert_eq!(due.start(ms(600), 8), [show("c")]);
+        due.finish(&show("a"), None, &[], ms(600));
+        due.finish(&show("c"), Some(ms(2_000)), &[], ms(600));
+        assert_eq!(due.len(), 1);
+        assert_eq!(due.first(), Some(ms(2_000)));
+    }
+
+    #[test]
+    fn expired_records_need_a_sweep_only_for_holds_not_swept() {
+        let now = Instant::now();
+        let ms = |n: u64| now + Duration::from_millis(n);
+        let mut due = Due::default();
+        due.set(&show("a"), ms(0), true);
+        assert_eq!(due.start(ms(0), 8), [show("a")]);
+        // Notifications during the sweep wait for its answer.
+        assert!(!due.record_expired(&show("a"), 7, ms(1)));
+        assert!(!due.record_expired(&show("a"), 8, ms(1)));
+        // It expired hold 7 but not 8: sweep again at once.
+        due.finish(&show("a"), None, &[7], ms(2));
+        assert_eq!(due.first(), Some(ms(2)));
+        assert_eq!(due.start(ms(2), 8), [show("a")]);
+        due.finish(&show("a"), None, &[8], ms(3));
+        assert_eq!(due.len(), 0);
+        // Later notifications of holds it expired need nothing; of others,
+        // a sweep.
+        assert!(!due.record_expired(&show("a"), 7, ms(4)));
+        assert!(!due.record_expired(&show("b"), 8, ms(4)));
+        assert!(due.record_expired(&show("a"), 9, ms(4)));
+        // It forgets after REMEMBER to twice that.
+        let later = now + REMEMBER * 2 + Duration::from_millis(10);
+        assert!(due.record_expired(&show("a"), 7, later));
+    }
 }
