@@ -175,6 +175,11 @@ async fn session(
         .map_err(bounded("subscribe"))?
         .map_err(|e| e.to_string())?;
     subscribed.set(true);
+    // Notifications sent while nobody listened are lost: have the sweeper
+    // look for what they would have said.
+    if let Some(sweeper) = &shared.sweeper {
+        sweeper.rescan();
+    }
 
     // A ping now and then notices a half-open connection (a node that
     // vanished without closing the socket).

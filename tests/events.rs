@@ -600,8 +600,9 @@ async fn expired_exactly_once_across_a_failover_and_a_dead_instance() {
     assert_ne!(new_master, master);
     eprintln!("failover: new master after {:?}", killed.elapsed());
 
-    // Every hold has run out by now; the survivor's scan (every 10 s) or a
-    // keyspace notification of the new master finds the dead instance's.
+    // Every hold has run out by now; the survivor's scan (after the slot
+    // map changed and after it subscribed to the new master) or a keyspace
+    // notification of the new master finds the dead instance's.
     let mut conn = common::node(new_master).await;
     let expected = |streams: &HashMap<String, Vec<(String, String, String)>>| {
         made.iter()

@@ -10,8 +10,9 @@
 //! own holds and extends (their deadlines), Redis's keyspace notifications of
 //! expired hold records (a hint, node-local and possibly late, that covers
 //! the holds other instances made), and a scan of every master for deadline
-//! indexes at start and every [`SCAN_EVERY`] (which covers a restart of every
-//! instance). A scan reads each index's earliest deadline (a cheap read,
+//! indexes at start, whenever notifications may have been lost (a
+//! subscription restarted, the slot map changed) and every [`SCAN_EVERY`]
+//! (which covers a restart of every instance and failovers). A scan reads each index's earliest deadline (a cheap read,
 //! pipelined) and schedules the show then: sweeping every show found would
 //! cost one script run per show with live holds every scan. A hold that
 //! expires while no instance runs gets its event when one starts.
@@ -29,8 +30,12 @@ use crate::ids::ShowId;
 use crate::keys::KeySpace;
 use crate::metrics as m;
 
-/// How often every master is scanned for deadline indexes.
-pub const SCAN_EVERY: Duration = Duration::from_secs(10);
+/// How often every master is scanned for deadline indexes when nothing
+/// asked for a scan sooner. A scan visits every key of every master (SCAN),
+/// so it runs when notifications may have been lost: at start, when a
+/// subscription to a master's expiry notifications (re)starts, when the
+/// slot map changes (a failover), and otherwise this rarely.
+pub const SCAN_EVERY: Duration = Duration::from_secs(60);
 
 /// How long after a deadline (on Redis's clock) its show is swept: a few
 /// ms late rather than early, as the local clock and Redis's may differ by
@@ -56,6 +61,8 @@ pub struct Sweeper {
     /// holds this instance expired lately.
     due: Mutex<Due>,
     wake: Notify,
+    /// Asks for a scan of the masters now (see [`Sweeper::rescan`]).
+    rescan: Notify,
 }
 
 /// How long a hold this instance expired is remembered: Redis's expiry
@@ -228,6 +235,7 @@ impl Sweeper {
             max_len,
             due: Mutex::new(Due::default()),
             wake: Notify::new(),
+            rescan: Notify::new(),
         })
     }
 
@@ -334,11 +342,21 @@ impl Sweeper {
         scanner.abort();
     }
 
+    /// Asks for a scan of every master now: expiry notifications may have
+    /// been lost (a subscription to a master's notifications just started,
+    /// after a gap). Requests during a scan start one more after it.
+    pub fn rescan(&self) {
+        self.rescan.notify_one();
+    }
+
     /// Scans every master for deadline indexes once the slot map is known,
-    /// then every [`SCAN_EVERY`], until `stop` turns true.
+    /// then whenever [`Sweeper::rescan`] asks or the slot map changes, and
+    /// at least every [`SCAN_EVERY`], until `stop` turns true.
     async fn scan_every(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let mut topology = self.cluster.watch_topology();
         loop {
             let pause = if self.cluster.topology().covered_slots() > 0 {
+                topology.borrow_and_update();
                 self.scan().await;
                 SCAN_EVERY
             } else {
@@ -346,6 +364,8 @@ impl Sweeper {
             };
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
+                _ = self.rescan.notified() => {}
+                Ok(()) = topology.changed() => {}
                 _ = stop.wait_for(|s| *s) => return,
             }
         }
