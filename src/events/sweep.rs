@@ -12,10 +12,11 @@
 //! the holds other instances made), and a scan of every master for deadline
 //! indexes at start, whenever notifications may have been lost (a
 //! subscription restarted, the slot map changed) and every [`SCAN_EVERY`]
-//! (which covers a restart of every instance and failovers). A scan reads each index's earliest deadline (a cheap read,
-//! pipelined) and schedules the show then: sweeping every show found would
-//! cost one script run per show with live holds every scan. A hold that
-//! expires while no instance runs gets its event when one starts.
+//! (which covers a restart of every instance and failovers). A scan reads
+//! each index's earliest deadline (a cheap read, pipelined) and schedules
+//! the show then: sweeping every show found would cost one script run per
+//! show with live holds every scan. A hold that expires while no instance
+//! runs gets its event when one starts.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -268,8 +269,9 @@ impl Sweeper {
         }
     }
 
-    /// A hint that `show` may have a deadline due now (an expired hold
-    /// record seen in a keyspace notification, or a scan).
+    /// A hint that `show` may have a deadline due now (the expired record
+    /// of a hold this instance did not expire, or a scan page whose
+    /// deadlines could not be read).
     pub fn hint(&self, show: &str) {
         if let Ok(show) = ShowId::parse(show) {
             self.due_at(&show, Instant::now());
@@ -447,12 +449,12 @@ impl Sweeper {
             let (next, keys) = crate::cluster::Deadline::after(self.cluster.timeout())
                 .within(page)
                 .await?;
-            let shows: Vec<&str> = keys
+            let found: Vec<(&str, &str)> = keys
                 .iter()
-                .filter_map(|key| self.keys.parse_deadlines(key))
+                .filter_map(|key| Some((key.as_str(), self.keys.parse_deadlines(key)?)))
                 .collect();
-            if !shows.is_empty() {
-                self.schedule_found(&mut conn, &keys, &shows).await;
+            if !found.is_empty() {
+                self.schedule_found(&mut conn, &found).await;
             }
             if next == 0 {
                 return Ok(());
@@ -467,20 +469,17 @@ impl Sweeper {
     /// of sweep.lua, and a show known already is moved only to an earlier
     /// deadline. A page that cannot be read that way (a slot moved since
     /// the SCAN, a node lost) has all its shows swept now instead.
+    /// `found`: each deadline index of the page and its show.
     async fn schedule_found(
         &self,
         conn: &mut redis::aio::MultiplexedConnection,
-        keys: &[String],
-        shows: &[&str],
+        found: &[(&str, &str)],
     ) {
         let read = async {
             let mut pipe = redis::pipe();
             pipe.cmd("TIME");
-            for key in keys
-                .iter()
-                .filter(|k| self.keys.parse_deadlines(k).is_some())
-            {
-                pipe.cmd("ZRANGE").arg(key).arg(0).arg(0).arg("WITHSCORES");
+            for (key, _) in found {
+                pipe.cmd("ZRANGE").arg(*key).arg(0).arg(0).arg("WITHSCORES");
             }
             let mut replies: Vec<redis::Value> = pipe.query_async(conn).await?;
             let (secs, micros): (u64, u64) =
@@ -499,7 +498,7 @@ impl Sweeper {
             .await
         {
             Ok((now_ms, earliest)) => {
-                for (show, at) in shows.iter().zip(earliest) {
+                for ((_, show), at) in found.iter().zip(earliest) {
                     // An empty index (its last entry swept since the SCAN)
                     // needs nothing.
                     let (Some(at), Ok(show)) = (at, ShowId::parse(show)) else {
@@ -512,7 +511,7 @@ impl Sweeper {
             }
             Err(err) => {
                 tracing::debug!(error = %err, "reading deadlines of a scan page failed; sweeping its shows");
-                for show in shows {
+                for (_, show) in found {
                     self.hint(show);
                 }
             }
