@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# idle-cost.sh: what an idle seathold costs its Redis masters once many
+# shows hold seats. Starts `seathold dev` (its own local cluster), makes
+# single-seat holds of the default TTL (5 minutes) on random shows with wrk
+# for LOAD seconds, then stops the load and measures, over IDLE seconds, the
+# masters' CPU (user + system ticks in /proc, all three together, percent
+# of one core) and the scripts they ran (EVALSHA calls): the sweeper's
+# background work, as nothing is due yet.
+#   cluster/bench/idle-cost.sh [--bin target/release/seathold]
+# Settings from the environment: LOAD (15), IDLE (20), PORT (18091).
+# Needs wrk, redis-cli and pgrep.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+bin=$here/../../target/release/seathold
+if [[ "${1:-}" == --bin ]]; then bin=$2; fi
+load=${LOAD:-15} idle=${IDLE:-20} port=${PORT:-18091}
+work=$(mktemp -d)
+dev_pid=
+cleanup() {
+  if [[ -n "$dev_pid" ]]; then
+    kill -INT "$dev_pid" 2>/dev/null || true
+    wait "$dev_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+SEATHOLD_LOG=warn "$bin" dev --listen "127.0.0.1:$port" >"$work/dev.out" 2>&1 &
+dev_pid=$!
+for _ in $(seq 300); do
+  curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+mapfile -t masters < <(grep -o 'redis://127.0.0.1:[0-9]*' "$work/dev.out" | head -n 3 | cut -d: -f3)
+((${#masters[@]} == 3)) || { echo "seathold dev did not start: $(cat "$work/dev.out")" >&2; exit 1; }
+pids=()
+for p in "${masters[@]}"; do pids+=("$(pgrep -f "redis-server 127.0.0.1:$p")"); done
+
+# ticks: user + system clock ticks of the masters, summed.
+ticks() {
+  local sum=0 pid fields
+  for pid in "${pids[@]}"; do
+    read -r -a fields <"/proc/$pid/stat"
+    sum=$((sum + fields[13] + fields[14]))
+  done
+  echo "$sum"
+}
+# scripts: EVALSHA calls of the masters, summed.
+scripts() {
+  local sum=0 p n
+  for p in "${masters[@]}"; do
+    n=$(redis-cli -p "$p" info commandstats | grep -o 'cmdstat_evalsha:calls=[0-9]*' | cut -d= -f2 || true)
+    sum=$((sum + ${n:-0}))
+  done
+  echo "$sum"
+}
+
+BENCH_RUN="idle$RANDOM" BENCH_SHOWS=1000000 \
+  wrk -t2 -c50 -d"${load}s" -s "$here/hold1.lua" "http://127.0.0.1:$port" |
+  awk -v d="$load" '/requests in/ { printf "load: %d holds in %d s on random shows\n", $1, d }'
+sleep 2
+shows=0
+for p in "${masters[@]}"; do
+  shows=$((shows + $(redis-cli -p "$p" --scan --pattern '*#deadlines' | wc -l)))
+done
+t0=$(ticks) s0=$(scripts)
+sleep "$idle"
+t1=$(ticks) s1=$(scripts)
+hz=$(getconf CLK_TCK)
+awk -v shows="$shows" -v t=$((t1 - t0)) -v hz="$hz" -v idle="$idle" -v s=$((s1 - s0)) 'BEGIN {
+  printf "idle %d s with %d shows holding seats: masters %.2f%% of one core together, %.0f EVALSHA/s\n",
+    idle, shows, 100 * t / hz / idle, s / idle }'
