@@ -15,25 +15,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 bin=$here/../../target/release/seathold
 if [[ "${1:-}" == --bin ]]; then bin=$2; fi
 load=${LOAD:-15} idle=${IDLE:-20} port=${PORT:-18091}
-work=$(mktemp -d)
-dev_pid=
-cleanup() {
-  if [[ -n "$dev_pid" ]]; then
-    kill -INT "$dev_pid" 2>/dev/null || true
-    wait "$dev_pid" 2>/dev/null || true
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-SEATHOLD_LOG=warn "$bin" dev --listen "127.0.0.1:$port" >"$work/dev.out" 2>&1 &
-dev_pid=$!
-for _ in $(seq 300); do
-  curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
-  sleep 0.1
-done
-mapfile -t masters < <(grep -o 'redis://127.0.0.1:[0-9]*' "$work/dev.out" | head -n 3 | cut -d: -f3)
-((${#masters[@]} == 3)) || { echo "seathold dev did not start: $(cat "$work/dev.out")" >&2; exit 1; }
+# shellcheck source=cluster/bench/dev.sh
+source "$here/dev.sh"
+start_dev "$bin" "$port"
 pids=()
 for p in "${masters[@]}"; do pids+=("$(pgrep -f "redis-server 127.0.0.1:$p")"); done
 
