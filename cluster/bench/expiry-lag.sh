@@ -35,6 +35,14 @@ BENCH_RUN="lag$RANDOM" BENCH_SHOWS=1000000 \
 sleep $((ttl / 1000 + 3))
 curl -fs "http://127.0.0.1:$port/metrics" |
   awk '/^seathold_holds_total |^seathold_hold_expiries_total / { printf "  %s %s\n", $1, $2 }'
+# Sweeps: sweep.lua calls TIME once a run; nothing else on this path does,
+# but a scan of the masters, once per page that finds deadline indexes.
+sweeps=0
+for p in "${masters[@]}"; do
+  n=$(redis-cli -p "$p" info commandstats | grep -o 'cmdstat_time:calls=[0-9]*' | cut -d= -f2 || true)
+  sweeps=$((sweeps + ${n:-0}))
+done
+echo "  sweeps (TIME calls on the masters): $sweeps"
 
 # head closes the SCAN early (SIGPIPE): not a failure here.
 set +o pipefail
