@@ -161,9 +161,21 @@ impl HoldToken {
     /// The hold's public ref in events: the first 16 hex digits of
     /// SHA-256 of the token. A holder can compute it; nobody can go back.
     pub fn hold_ref(&self) -> String {
+        hex::encode(self.ref_bytes())
+    }
+
+    /// The hold's ref as a number (the same 64 bits as [`Self::hold_ref`]'s
+    /// hex digits): what the sweeper remembers of the holds it expired.
+    pub fn ref_number(&self) -> u64 {
+        u64::from_be_bytes(self.ref_bytes())
+    }
+
+    fn ref_bytes(&self) -> [u8; 8] {
         use sha2::Digest;
         let digest = sha2::Sha256::digest(self.0.as_bytes());
-        hex::encode(&digest[..8])
+        let mut first = [0; 8];
+        first.copy_from_slice(&digest[..8]);
+        first
     }
 }
 
@@ -222,5 +234,6 @@ mod tests {
         // sha256("3f0c0000-0000-4000-8000-000000000000"), first 8 bytes.
         let known = HoldToken::parse("3f0c0000-0000-4000-8000-000000000000").expect("token");
         assert_eq!(known.hold_ref(), "9003699547b6db14");
+        assert_eq!(known.ref_number(), 0x9003_6995_47b6_db14);
     }
 }

@@ -1204,6 +1204,26 @@ async fn release_confirm_extend_of_pool_holds() {
     assert_eq!(api.pool(&sh, "floor").await, (10, 5, 5, 0));
 }
 
+/// Adds an entry a minute ahead of now at sequence 999 to `show`'s event
+/// stream, so that the next `XADD *` would answer that millisecond with
+/// sequence 1000; answers that millisecond.
+async fn stream_at_999_a_minute_ahead(show: &str) -> i64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis();
+    let ahead = i64::try_from(now).expect("ms") + 60_000;
+    let _: String = redis::cmd("XADD")
+        .arg(format!("seat-hold:{{show:{show}}}#events"))
+        .arg(format!("{ahead}-999"))
+        .arg("t")
+        .arg("test")
+        .query_async(&mut redis().await)
+        .await
+        .expect("XADD");
+    ahead
+}
+
 /// A change's fence exceeds every earlier fence of the show and is never
 /// repeated by a later hold, also when the stream's ids carry on past 999
 /// in one millisecond (a master whose clock is behind the last id, as
@@ -1220,20 +1240,7 @@ async fn patch_fences_past_999_events_in_one_millisecond() {
         .await;
     // The stream's last id is a minute ahead, sequence 999: the next XADD *
     // answers that millisecond with sequence 1000.
-    let mut r = redis().await;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis();
-    let ahead = i64::try_from(now).expect("ms") + 60_000;
-    let _: String = redis::cmd("XADD")
-        .arg(format!("seat-hold:{{show:{sh}}}#events"))
-        .arg(format!("{ahead}-999"))
-        .arg("t")
-        .arg("test")
-        .query_async(&mut r)
-        .await
-        .expect("XADD");
+    let ahead = stream_at_999_a_minute_ahead(&sh).await;
     let (status, changed) = api
         .patch(&format!("/v1/shows/{sh}/holds/{t}"), json!({"add": ["A2"]}))
         .await;
@@ -1266,20 +1273,8 @@ async fn hold_fences_past_999_events_in_one_millisecond() {
     let api = Api::new(&s.base);
     let sh = show("hold-fence");
     let stream = format!("seat-hold:{{show:{sh}}}#events");
+    let ahead = stream_at_999_a_minute_ahead(&sh).await;
     let mut r = redis().await;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis();
-    let ahead = i64::try_from(now).expect("ms") + 60_000;
-    let _: String = redis::cmd("XADD")
-        .arg(&stream)
-        .arg(format!("{ahead}-999"))
-        .arg("t")
-        .arg("test")
-        .query_async(&mut r)
-        .await
-        .expect("XADD");
     let (status, held) = api
         .post(&format!("/v1/shows/{sh}/seats/B1/hold"), json!({}))
         .await;

@@ -113,7 +113,8 @@ impl Recent {
     }
 }
 
-/// A hold ref (16 hex digits) as a number.
+/// A hold ref (16 hex digits, as sweep.lua answers it) as a number, as
+/// [`crate::ids::HoldToken::ref_number`] gives it.
 fn ref_number(hold_ref: &str) -> Option<u64> {
     u64::from_str_radix(hold_ref, 16).ok()
 }
@@ -289,7 +290,7 @@ impl Sweeper {
         };
         let hold = crate::ids::HoldToken::parse(token)
             .ok()
-            .and_then(|t| ref_number(&t.hold_ref()));
+            .map(|t| t.ref_number());
         let now = Instant::now();
         if let Some(hold) = hold {
             if !self.lock().record_expired(&show, hold, now) {
