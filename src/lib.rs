@@ -23,7 +23,8 @@
 //!   answer; holds, changes, pools and settings.
 //! - [`keys`]: the key schema and hash slots (CRC16 as Redis does).
 //! - [`scripts`]: the Lua scripts of `lua/`, run by EVALSHA.
-//! - [`cluster`]: the Redis Cluster side: slot map, direct per-master path,
+//! - [`cluster`]: the Redis Cluster side: slot map, direct per-master path
+//!   (scripts batched into one write per master),
 //!   confirm's dedicated connections and `WAIT`, fault classes, the request
 //!   deadline, readiness.
 //! - [`events`]: event streams: `expired` events once, per-show readers,

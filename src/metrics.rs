@@ -85,6 +85,11 @@ pub const REDIS_DURATION: &str = "seathold_redis_command_duration_seconds";
 /// Scripts that went over the cluster connection because the direct path to
 /// the slot's master redirected (`MOVED`, `ASK`, ...) or its connection broke.
 pub const DIRECT_FALLBACKS: &str = "seathold_redis_direct_fallbacks_total";
+/// Writes of the direct path to the masters (see `cluster::batch`).
+pub const DIRECT_WRITES: &str = "seathold_redis_direct_writes_total";
+/// Scripts sent over the direct path: divided by `DIRECT_WRITES`, how many
+/// scripts went to a master in one write.
+pub const DIRECT_SCRIPTS: &str = "seathold_redis_direct_scripts_total";
 /// Masters with an open direct connection (normally every master).
 pub const DIRECT_CONNECTIONS: &str = "seathold_redis_direct_connections";
 /// Masters whose keyspace expiry events seathold is subscribed to.
@@ -225,6 +230,14 @@ fn describe() {
         DIRECT_FALLBACKS,
         "Scripts sent over the cluster connection because the direct path to the slot's master redirected or broke."
     );
+    describe_counter!(
+        DIRECT_WRITES,
+        "Writes of the direct path to the masters; each carries every script queued for that master at the time."
+    );
+    describe_counter!(
+        DIRECT_SCRIPTS,
+        "Scripts sent over the direct path; divided by seathold_redis_direct_writes_total, the scripts per write."
+    );
     describe_gauge!(
         DIRECT_CONNECTIONS,
         "Masters with an open direct connection for scripts; normally equal to seathold_redis_masters."
@@ -304,6 +317,8 @@ pub fn register_zeroes() {
         HTTP_OVERLOADED,
         EXPIRY_RESUBSCRIPTIONS,
         DIRECT_FALLBACKS,
+        DIRECT_WRITES,
+        DIRECT_SCRIPTS,
         EVENT_SUBSCRIBERS_DROPPED,
         SWEEP_FAILURES,
         POOL_UNITS_HELD,

@@ -143,3 +143,88 @@ async fn moved_slots_are_followed_without_a_failed_request() {
     );
     s.stop().await;
 }
+
+/// Scripts that requests send to one master at about the same time share a
+/// write (`cluster::batch`), and each still gets its own answer: of two
+/// concurrent holds of a seat exactly one wins, and a seat key of another
+/// type fails only the holds of that seat, with the 500 it always gave.
+#[tokio::test]
+async fn concurrent_scripts_share_writes_and_keep_their_own_answers() {
+    let s = server().await;
+    s.wait_metric(
+        "seathold_redis_direct_connections",
+        3.0,
+        Duration::from_secs(5),
+    )
+    .await;
+    let sh = show("batched");
+    let foreign = format!("seat-hold:{{show:{sh}}}:X0");
+    let master = cluster()
+        .master_port_for_slot(seathold::keys::KeySpace::new("seat-hold:").show_slot(&sh))
+        .await
+        .expect("master of the slot");
+    let _: () = redis::cmd("HSET")
+        .arg(&foreign)
+        .arg("owner")
+        .arg("legacy")
+        .query_async(&mut node(master).await)
+        .await
+        .expect("HSET");
+    let text = s.metrics().await;
+    let (writes, scripts) = (
+        common::series(&text, "seathold_redis_direct_writes_total"),
+        common::series(&text, "seathold_redis_direct_scripts_total"),
+    );
+
+    // 60 seats asked for twice each, and the foreign key four times, all
+    // at once.
+    let mut seats: Vec<String> = (0..60)
+        .flat_map(|i| [format!("S{i}"), format!("S{i}")])
+        .collect();
+    seats.extend(std::iter::repeat_n("X0".to_owned(), 4));
+    let answers = futures_util::future::join_all(seats.iter().map(|seat| {
+        let path = format!("/v1/shows/{sh}/seats/{seat}/hold");
+        let s = &s;
+        async move { (seat.clone(), s.call("POST", &path, None).await) }
+    }))
+    .await;
+
+    let mut by_seat: std::collections::BTreeMap<String, Vec<u16>> = Default::default();
+    for (seat, (status, body)) in answers {
+        if status == 201 {
+            let expected = format!("seat-hold:{{show:{sh}}}:{seat}");
+            let token: Option<String> = redis::cmd("GET")
+                .arg(&expected)
+                .query_async(&mut node(master).await)
+                .await
+                .expect("GET");
+            assert_eq!(
+                token.as_deref(),
+                body["holdToken"].as_str(),
+                "the answer of {seat} carries the token that holds {seat}"
+            );
+        }
+        by_seat.entry(seat).or_default().push(status);
+    }
+    for (seat, mut statuses) in by_seat {
+        statuses.sort_unstable();
+        let want = if seat == "X0" {
+            vec![500; 4]
+        } else {
+            vec![201, 409]
+        };
+        assert_eq!(statuses, want, "answers for {seat}");
+    }
+    let text = s.metrics().await;
+    let writes = common::series(&text, "seathold_redis_direct_writes_total") - writes;
+    let scripts = common::series(&text, "seathold_redis_direct_scripts_total") - scripts;
+    assert!(
+        scripts >= 124.0,
+        "every hold went the direct path: {scripts} scripts"
+    );
+    assert!(
+        writes < scripts / 2.0,
+        "124 concurrent holds took {writes} writes for {scripts} scripts"
+    );
+    s.stop().await;
+}

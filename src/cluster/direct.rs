@@ -11,13 +11,14 @@ use std::sync::Arc;
 use redis::aio::MultiplexedConnection;
 use redis::AsyncConnectionConfig;
 
+use super::batch::Batched;
 use super::deadline::Deadline;
 use super::Cluster;
 use crate::error::Error;
 use crate::metrics as m;
 
 /// Publishes how many masters have a direct connection.
-pub(super) fn publish(direct: &HashMap<Arc<str>, MultiplexedConnection>) {
+pub(super) fn publish(direct: &HashMap<Arc<str>, Batched>) {
     metrics::gauge!(m::DIRECT_CONNECTIONS).set(direct.len() as f64);
 }
 
@@ -68,7 +69,7 @@ impl Cluster {
 
     /// The master serving `key`'s slot and the direct connection to it, if
     /// there is one.
-    pub(super) fn direct_for(&self, key: &str) -> Option<(Arc<str>, MultiplexedConnection)> {
+    pub(super) fn direct_for(&self, key: &str) -> Option<(Arc<str>, Batched)> {
         let routing = self.routing();
         let addr = routing
             .topology
@@ -118,7 +119,9 @@ impl Cluster {
                         let mut routing = me.routing_mut();
                         // Only while it is still a master.
                         if routing.topology.masters.binary_search(&addr).is_ok() {
-                            routing.direct.insert(Arc::from(addr.as_str()), conn);
+                            routing
+                                .direct
+                                .insert(Arc::from(addr.as_str()), Batched::new(conn, me.timeout));
                             publish(&routing.direct);
                         }
                     }

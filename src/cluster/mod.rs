@@ -6,11 +6,12 @@
 //! slot, known before anything is sent, so [`Cluster::eval`] looks the slot's
 //! master up in its own slot map and sends EVALSHA over a multiplexed
 //! connection to that master, skipping the cluster client's routing task (a
-//! channel hop and a task wake-up per request). Whenever the direct path
-//! cannot answer (no connection to that master yet, `MOVED`, `ASK`,
-//! `TRYAGAIN`, `CLUSTERDOWN`, a replica's `READONLY`, a broken connection),
-//! the request goes over the cluster connection instead, which follows
-//! redirects and reconnects, and the slot map is refreshed.
+//! channel hop and a task wake-up per request). The scripts queued for one
+//! master at about the same time go to it in one write (`batch`). Whenever
+//! the direct path cannot answer (no connection to that master yet, `MOVED`,
+//! `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, a replica's `READONLY`, a broken
+//! connection), the request goes over the cluster connection instead, which
+//! follows redirects and reconnects, and the slot map is refreshed.
 //!
 //! The cluster connection is made in the background and remade when it
 //! fails, so the daemon starts (and answers `/healthz`) before the cluster is
@@ -21,7 +22,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use redis::aio::MultiplexedConnection;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ConnectionAddr, ConnectionInfo, FromRedisValue, IntoConnectionInfo, Value};
@@ -32,6 +32,7 @@ use crate::keys::SLOTS;
 use crate::metrics as m;
 use crate::scripts::{Script, Scripts};
 
+mod batch;
 mod confirm;
 mod deadline;
 mod direct;
@@ -79,7 +80,7 @@ struct Routing {
     topology: Arc<Topology>,
     /// One shared multiplexed connection per master (`host:port`), for the
     /// direct path of scripts.
-    direct: HashMap<Arc<str>, MultiplexedConnection>,
+    direct: HashMap<Arc<str>, batch::Batched>,
 }
 
 /// The Redis side of the daemon.
