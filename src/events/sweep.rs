@@ -53,6 +53,16 @@ const BATCH: usize = 200;
 /// and their events came seconds late.
 const PARALLEL: usize = 256;
 
+/// How long a master's sweeps wait after one failed, before one sweep tries
+/// it again; doubled after each failed try, up to [`PAUSE_MAX`]. Without
+/// the pause every due show of a master that refuses connections was
+/// retried every 250 ms: with the whole cluster gone, 47,000 failed sweeps
+/// (and as many log lines) a second and more than a core; with a master
+/// that does not answer, all [`PARALLEL`] sweeps waited on it while the
+/// other masters' expiries waited for a free place.
+const PAUSE_FIRST: Duration = Duration::from_millis(250);
+const PAUSE_MAX: Duration = Duration::from_secs(2);
+
 /// Sweeps the deadline indexes of the shows that have some.
 pub struct Sweeper {
     cluster: Arc<Cluster>,
@@ -132,6 +142,43 @@ struct Due {
     running: HashMap<ShowId, Meanwhile>,
     /// Holds this instance wrote the `expired` event of lately.
     expired: Recent,
+    /// Masters whose last sweep failed, by address.
+    paused: HashMap<Arc<str>, Paused>,
+}
+
+/// The sweeps of a master whose last sweep failed.
+struct Paused {
+    /// When one sweep may try the master again.
+    until: Instant,
+    /// The pause before `until`.
+    pause: Duration,
+    /// The show whose sweep is trying the master again: its answer ends
+    /// the pause, or makes it longer.
+    probe: Option<ShowId>,
+    /// The master's other shows that came due meanwhile, due again when
+    /// the pause ends.
+    parked: Vec<ShowId>,
+}
+
+/// What a sweep came to.
+#[derive(Debug, PartialEq)]
+enum Swept {
+    /// It answered: the holds it expired, and when the show's next deadline
+    /// is due (`None`: its index is empty).
+    Done {
+        next: Option<Instant>,
+        holds: Vec<u64>,
+    },
+    /// It failed (the master refused, did not answer in time, or is not
+    /// known).
+    Failed,
+}
+
+/// A change of a master's pause, to log outside the lock.
+#[derive(Debug, PartialEq)]
+enum PauseChange {
+    Paused,
+    Resumed { parked: usize },
 }
 
 /// What came for a show while it was being swept.
@@ -181,9 +228,17 @@ impl Due {
         }
     }
 
-    /// Takes up to `n` shows due by `now`, in deadline order, and marks
-    /// them running.
-    fn start(&mut self, now: Instant, n: usize) -> Vec<ShowId> {
+    /// Takes up to `n` shows due by `now`, in deadline order, with their
+    /// masters (`master_of`), and marks them running. A show of a paused
+    /// master is parked instead, unless the pause is over and no other
+    /// show is trying that master yet: then it is the one that tries.
+    fn start(
+        &mut self,
+        now: Instant,
+        n: usize,
+        master_of: impl Fn(&ShowId) -> Arc<str>,
+    ) -> Vec<(ShowId, Arc<str>)> {
+        self.wake_paused(now);
         let mut shows = Vec::new();
         while shows.len() < n {
             match self.order.first() {
@@ -194,21 +249,58 @@ impl Due {
                 break;
             };
             self.by_show.remove(&show);
+            let master = master_of(&show);
+            if let Some(paused) = self.paused.get_mut(&master) {
+                if now < paused.until || paused.probe.is_some() {
+                    paused.parked.push(show);
+                    continue;
+                }
+                paused.probe = Some(show.clone());
+            }
             self.running.insert(show.clone(), Meanwhile::default());
-            shows.push(show);
+            shows.push((show, master));
         }
         shows
     }
 
-    /// A sweep of `show` answered at `now`: it expired `holds`, and the show
-    /// is due again at `next` (None: its index is empty), or earlier if it
-    /// was scheduled for earlier while the sweep ran, or at once if Redis
-    /// meanwhile said a record expired whose hold the sweep did not expire.
-    fn finish(&mut self, show: &ShowId, next: Option<Instant>, holds: &[u64], now: Instant) {
-        for hold in holds {
+    /// Makes one parked show of each master whose pause is over due now,
+    /// to try the master again.
+    fn wake_paused(&mut self, now: Instant) {
+        let mut wake = Vec::new();
+        for paused in self.paused.values_mut() {
+            if paused.until <= now && paused.probe.is_none() {
+                if let Some(show) = paused.parked.pop() {
+                    wake.push(show);
+                }
+            }
+        }
+        for show in wake {
+            self.set(&show, now, true);
+        }
+    }
+
+    /// A sweep of `show` on `master` came to `swept` at `now`. Answered: it
+    /// expired `holds`, and the show is due again at `next`, or earlier if
+    /// it was scheduled for earlier while the sweep ran, or at once if Redis
+    /// meanwhile said a record expired whose hold the sweep did not expire;
+    /// a pause of its master ends. Failed: the master's sweeps pause (or
+    /// pause longer, when this one was trying it again), and the show waits
+    /// for the pause to end.
+    fn finish(
+        &mut self,
+        show: &ShowId,
+        master: &Arc<str>,
+        swept: Swept,
+        now: Instant,
+    ) -> Option<PauseChange> {
+        let meanwhile = self.running.remove(show).unwrap_or_default();
+        let Swept::Done { next, holds } = swept else {
+            // What Redis said meanwhile is still to do: the show stays due.
+            return self.failed(show, master, now);
+        };
+        for hold in &holds {
             self.expired.insert(now, *hold);
         }
-        let meanwhile = self.running.remove(show).unwrap_or_default();
         let unswept = meanwhile.records.iter().any(|r| !holds.contains(r));
         let at = [next, meanwhile.at, unswept.then_some(now)]
             .into_iter()
@@ -217,15 +309,83 @@ impl Due {
         if let Some(at) = at {
             self.set(show, at, true);
         }
+        let paused = self.paused.remove(master)?;
+        Some(self.resume(paused, now))
     }
 
+    /// A sweep of `show` on `master` failed: see [`Due::finish`].
+    fn failed(&mut self, show: &ShowId, master: &Arc<str>, now: Instant) -> Option<PauseChange> {
+        match self.paused.get_mut(master) {
+            Some(paused) => {
+                if paused.probe.as_ref() == Some(show) {
+                    paused.probe = None;
+                    paused.pause = (paused.pause * 2).min(PAUSE_MAX);
+                    paused.until = now + paused.pause;
+                }
+                paused.parked.push(show.clone());
+                None
+            }
+            None => {
+                self.paused.insert(
+                    Arc::clone(master),
+                    Paused {
+                        until: now + PAUSE_FIRST,
+                        pause: PAUSE_FIRST,
+                        probe: None,
+                        parked: vec![show.clone()],
+                    },
+                );
+                Some(PauseChange::Paused)
+            }
+        }
+    }
+
+    /// Ends a pause: its parked shows are due now.
+    fn resume(&mut self, paused: Paused, now: Instant) -> PauseChange {
+        let parked = paused.parked.len();
+        for show in paused.parked {
+            self.set(&show, now, true);
+        }
+        PauseChange::Resumed { parked }
+    }
+
+    /// The slot map changed: the pauses of nodes that are no longer masters
+    /// end (their slots are served by others now).
+    fn masters_changed(&mut self, masters: &[String], now: Instant) -> usize {
+        let gone: Vec<Arc<str>> = self
+            .paused
+            .keys()
+            .filter(|addr| !masters.iter().any(|m| m.as_str() == &***addr))
+            .cloned()
+            .collect();
+        for addr in &gone {
+            if let Some(paused) = self.paused.remove(addr) {
+                self.resume(paused, now);
+            }
+        }
+        gone.len()
+    }
+
+    /// When the next show is due, or a master's pause ends.
     fn first(&self) -> Option<Instant> {
-        self.order.first().map(|(at, _)| *at)
+        let pauses = self
+            .paused
+            .values()
+            .filter(|p| p.probe.is_none() && !p.parked.is_empty())
+            .map(|p| p.until);
+        self.order
+            .first()
+            .map(|(at, _)| *at)
+            .into_iter()
+            .chain(pauses)
+            .min()
     }
 
-    /// Shows this instance sweeps (waiting or being swept).
+    /// Shows this instance sweeps (waiting, being swept, or parked).
     fn len(&self) -> usize {
-        self.by_show.len() + self.running.len()
+        self.by_show.len()
+            + self.running.len()
+            + self.paused.values().map(|p| p.parked.len()).sum::<usize>()
     }
 }
 
@@ -313,15 +473,20 @@ impl Sweeper {
     /// never holds sweeps up.
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let scanner = tokio::spawn(Arc::clone(&self).scan_every(stop.clone()));
+        let mut topology = self.cluster.watch_topology();
         let mut in_flight = futures_util::stream::FuturesUnordered::new();
         loop {
             let room = PARALLEL - in_flight.len();
             if room > 0 {
-                for show in self.lock().start(Instant::now(), room) {
+                let slots = self.cluster.topology();
+                let master_of = |show: &ShowId| -> Arc<str> {
+                    Arc::from(slots.master_of(self.keys.show_slot(show)).unwrap_or(""))
+                };
+                for (show, master) in self.lock().start(Instant::now(), room, master_of) {
                     let this = Arc::clone(&self);
                     in_flight.push(async move {
-                        let next = this.sweep(&show).await;
-                        (show, next)
+                        let swept = this.sweep(&show).await;
+                        (show, master, swept)
                     });
                 }
             }
@@ -330,15 +495,43 @@ impl Sweeper {
                 .first()
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
             tokio::select! {
-                Some((show, (next, holds))) = in_flight.next(), if !in_flight.is_empty() => {
+                Some((show, master, swept)) = in_flight.next(), if !in_flight.is_empty() => {
                     let now = Instant::now();
-                    let next = next.map(|ms| now + Duration::from_millis(ms));
+                    let swept = match swept {
+                        Some((next, holds)) => Swept::Done {
+                            next: next.map(|ms| now + Duration::from_millis(ms)),
+                            holds,
+                        },
+                        None => Swept::Failed,
+                    };
                     let mut due = self.lock();
-                    due.finish(&show, next, &holds, now);
+                    let change = due.finish(&show, &master, swept, now);
                     metrics::gauge!(m::SWEPT_SHOWS).set(due.len() as f64);
+                    drop(due);
+                    match change {
+                        Some(PauseChange::Paused) => tracing::warn!(
+                            %master,
+                            "a sweep failed: sweeps of this master's shows pause, one tries again in {} ms, then every {} ms at most",
+                            PAUSE_FIRST.as_millis(),
+                            PAUSE_MAX.as_millis()
+                        ),
+                        Some(PauseChange::Resumed { parked }) => tracing::info!(
+                            %master,
+                            parked,
+                            "a sweep succeeded again: sweeps of this master's shows resume"
+                        ),
+                        None => {}
+                    }
                 }
                 _ = tokio::time::sleep_until(sleep_until), if in_flight.len() < PARALLEL => {}
                 _ = self.wake.notified() => {}
+                Ok(()) = topology.changed() => {
+                    let masters = topology.borrow_and_update().masters.clone();
+                    let ended = self.lock().masters_changed(&masters, Instant::now());
+                    if ended > 0 {
+                        tracing::info!(ended, "slot map changed: sweeps of masters that were paused and are masters no more resume on the new ones");
+                    }
+                }
                 _ = stop.wait_for(|s| *s) => break,
             }
         }
@@ -375,8 +568,9 @@ impl Sweeper {
     }
 
     /// One sweep of `show`: answers when to sweep it next (ms; `None` when
-    /// its index is empty) and the refs of the holds it expired.
-    async fn sweep(&self, show: &ShowId) -> (Option<u64>, Vec<u64>) {
+    /// its index is empty) and the refs of the holds it expired, or `None`
+    /// when it failed.
+    async fn sweep(&self, show: &ShowId) -> Option<(Option<u64>, Vec<u64>)> {
         let keys = [self.keys.deadlines(show), self.keys.events(show)];
         let deadline = self.cluster.deadline();
         let script = &self.cluster.scripts().sweep;
@@ -402,16 +596,16 @@ impl Sweeper {
                         _ => None,
                     })
                     .collect();
-                (u64::try_from(*next).ok().map(|ms| ms + LATE_MS), holds)
+                Some((u64::try_from(*next).ok().map(|ms| ms + LATE_MS), holds))
             }
             Ok(other) => {
                 tracing::error!(reply = ?other, "unexpected reply of sweep.lua");
-                (Some(1_000), Vec::new())
+                Some((Some(1_000), Vec::new()))
             }
             Err(err) => {
                 metrics::counter!(m::SWEEP_FAILURES).increment(1);
-                tracing::debug!(%show, error = %err, "sweep failed; retrying");
-                (Some(250), Vec::new())
+                tracing::debug!(%show, error = %err, "sweep failed");
+                None
             }
         }
     }
@@ -540,6 +734,35 @@ mod tests {
         ShowId::parse(s).expect("a show id")
     }
 
+    /// Every show on master "m".
+    fn one_master(_: &ShowId) -> Arc<str> {
+        Arc::from("m")
+    }
+
+    /// Shows whose id starts with "x" on master "x", the others on "m".
+    fn two_masters(show: &ShowId) -> Arc<str> {
+        Arc::from(if show.as_str().starts_with('x') {
+            "x"
+        } else {
+            "m"
+        })
+    }
+
+    fn started(due: &mut Due, now: Instant, n: usize) -> Vec<ShowId> {
+        due.start(now, n, one_master)
+            .into_iter()
+            .map(|(show, _)| show)
+            .collect()
+    }
+
+    fn done(due: &mut Due, s: &str, next: Option<Instant>, holds: &[u64], now: Instant) {
+        let swept = Swept::Done {
+            next,
+            holds: holds.to_vec(),
+        };
+        assert_eq!(due.finish(&show(s), &Arc::from("m"), swept, now), None);
+    }
+
     #[test]
     fn due_shows_start_in_deadline_order_and_only_once() {
         let now = Instant::now();
@@ -550,24 +773,24 @@ mod tests {
         assert!(!due.set(&show("c"), ms(500), true));
         // Only an earlier time moves a show with only_earlier.
         assert!(!due.set(&show("a"), ms(30), true));
-        assert_eq!(due.start(ms(25), 8), [show("a"), show("b")]);
+        assert_eq!(started(&mut due, ms(25), 8), [show("a"), show("b")]);
         assert_eq!(due.len(), 3);
         // Running shows are not started again, nor are they the next
         // deadline, whatever is scheduled for them meanwhile.
         assert!(!due.set(&show("a"), ms(0), false));
         assert_eq!(due.first(), Some(ms(500)));
-        assert!(due.start(ms(100), 8).is_empty());
+        assert!(started(&mut due, ms(100), 8).is_empty());
         assert_eq!(due.len(), 3);
         // Their sweeps answer: the earlier of the answer and what was
         // scheduled meanwhile wins; an empty index without any is gone.
-        due.finish(&show("a"), Some(ms(1_000)), &[], ms(100));
-        due.finish(&show("b"), None, &[], ms(100));
+        done(&mut due, "a", Some(ms(1_000)), &[], ms(100));
+        done(&mut due, "b", None, &[], ms(100));
         assert_eq!(due.len(), 2);
         assert_eq!(due.first(), Some(ms(0)));
-        assert_eq!(due.start(ms(600), 1), [show("a")]);
-        assert_eq!(due.start(ms(600), 8), [show("c")]);
-        due.finish(&show("a"), None, &[], ms(600));
-        due.finish(&show("c"), Some(ms(2_000)), &[], ms(600));
+        assert_eq!(started(&mut due, ms(600), 1), [show("a")]);
+        assert_eq!(started(&mut due, ms(600), 8), [show("c")]);
+        done(&mut due, "a", None, &[], ms(600));
+        done(&mut due, "c", Some(ms(2_000)), &[], ms(600));
         assert_eq!(due.len(), 1);
         assert_eq!(due.first(), Some(ms(2_000)));
     }
@@ -578,15 +801,15 @@ mod tests {
         let ms = |n: u64| now + Duration::from_millis(n);
         let mut due = Due::default();
         due.set(&show("a"), ms(0), true);
-        assert_eq!(due.start(ms(0), 8), [show("a")]);
+        assert_eq!(started(&mut due, ms(0), 8), [show("a")]);
         // Notifications during the sweep wait for its answer.
         assert!(!due.record_expired(&show("a"), 7, ms(1)));
         assert!(!due.record_expired(&show("a"), 8, ms(1)));
         // It expired hold 7 but not 8: sweep again at once.
-        due.finish(&show("a"), None, &[7], ms(2));
+        done(&mut due, "a", None, &[7], ms(2));
         assert_eq!(due.first(), Some(ms(2)));
-        assert_eq!(due.start(ms(2), 8), [show("a")]);
-        due.finish(&show("a"), None, &[8], ms(3));
+        assert_eq!(started(&mut due, ms(2), 8), [show("a")]);
+        done(&mut due, "a", None, &[8], ms(3));
         assert_eq!(due.len(), 0);
         // Later notifications of holds it expired need nothing; of others,
         // a sweep.
@@ -596,5 +819,79 @@ mod tests {
         // It forgets after REMEMBER to twice that.
         let later = now + REMEMBER * 2 + Duration::from_millis(10);
         assert!(due.record_expired(&show("a"), 7, later));
+    }
+
+    #[test]
+    fn a_failed_sweep_pauses_its_master_and_one_show_tries_again() {
+        let now = Instant::now();
+        let ms = |n: u64| now + Duration::from_millis(n);
+        let m: Arc<str> = Arc::from("m");
+        let mut due = Due::default();
+        for s in ["a", "b", "c", "xa"] {
+            due.set(&show(s), ms(0), true);
+        }
+        let first = due.start(ms(0), 2, two_masters);
+        assert_eq!(
+            first,
+            [(show("a"), Arc::clone(&m)), (show("b"), Arc::clone(&m))]
+        );
+        // The first failure pauses master m; one in flight meanwhile is
+        // parked without making the pause longer.
+        assert_eq!(
+            due.finish(&show("a"), &m, Swept::Failed, ms(1)),
+            Some(PauseChange::Paused)
+        );
+        assert_eq!(due.finish(&show("b"), &m, Swept::Failed, ms(2)), None);
+        // Its other due shows are parked; another master's are not.
+        assert_eq!(
+            due.start(ms(3), 8, two_masters),
+            [(show("xa"), Arc::from("x"))]
+        );
+        assert_eq!(due.len(), 4);
+        // The pause ends 250 ms after the failure: one show tries.
+        assert_eq!(due.first(), Some(ms(1) + PAUSE_FIRST));
+        assert!(due.start(ms(200), 8, two_masters).is_empty());
+        let probe = due.start(ms(251), 8, two_masters);
+        assert_eq!(probe.len(), 1);
+        let (probe, _) = probe.into_iter().next().expect("a probe");
+        assert!(due.start(ms(251), 8, two_masters).is_empty());
+        // It fails too: twice the pause.
+        assert_eq!(due.finish(&probe, &m, Swept::Failed, ms(260)), None);
+        assert_eq!(due.first(), Some(ms(260) + PAUSE_FIRST * 2));
+        assert!(due.start(ms(700), 8, two_masters).is_empty());
+        let (probe, _) = due.start(ms(760), 8, two_masters)[0].clone();
+        // Now it answers: the pause ends and every parked show is due.
+        let swept = Swept::Done {
+            next: None,
+            holds: Vec::new(),
+        };
+        assert_eq!(
+            due.finish(&probe, &m, swept, ms(770)),
+            Some(PauseChange::Resumed { parked: 2 })
+        );
+        let mut rest: Vec<ShowId> = due
+            .start(ms(770), 8, two_masters)
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect();
+        rest.sort();
+        let mut want = vec![show("a"), show("b"), show("c")];
+        want.retain(|s| *s != probe);
+        assert_eq!(rest, want);
+        // The pause is capped.
+        due.finish(&rest[0], &m, Swept::Failed, ms(800));
+        for i in 0..10u64 {
+            let at = due.first().expect("a pause");
+            let (p, _) = due.start(at, 8, two_masters)[0].clone();
+            due.finish(&p, &m, Swept::Failed, at + Duration::from_millis(i));
+        }
+        let at = due.first().expect("a pause");
+        assert!(at <= ms(800) + PAUSE_MAX * 11 + Duration::from_millis(100));
+        // A slot map without master m ends its pause (the other show of
+        // `rest` is still being swept).
+        assert_eq!(due.masters_changed(&["x".to_owned()], at), 1);
+        let again = due.start(at, 8, two_masters);
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].0, rest[0]);
     }
 }

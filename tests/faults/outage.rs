@@ -158,3 +158,89 @@ async fn starts_before_the_cluster_and_becomes_ready_when_it_appears() {
     let _ = stop.send(());
     task.await.expect("task").expect("run");
 }
+
+/// Holds run out while every Redis node is gone: their shows' sweeps fail,
+/// and the sweeper pauses each master's sweeps instead of retrying every
+/// due show four times a second (which, with the cluster gone and the
+/// failures immediate, came to 47,000 failed sweeps and as many log lines a
+/// second). When the cluster is back, the sweeps resume by themselves.
+#[tokio::test]
+async fn sweeps_pause_while_the_cluster_is_gone_and_resume_after() {
+    let _serial = common::exclusive().await;
+    let mut opts = options();
+    opts.redis_timeout_ms = 1_000;
+    opts.confirm_wait_timeout_ms = 500;
+    let s = server_with(opts).await;
+    const SHOWS: usize = 40;
+    let failures = "seathold_sweep_failures_total";
+    for i in 0..SHOWS {
+        let (status, body) = s
+            .post(
+                &format!("/v1/shows/{}/seats/A1/hold", show(&format!("gone{i}"))),
+                serde_json::json!({"ttlMs": 1_000}),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let before = s.metric(failures).await;
+    let nodes = cluster().nodes();
+    for n in &nodes {
+        cluster().kill(n.port).expect("kill");
+    }
+    // Every hold runs out in the first second; two more seconds of
+    // sweeps that cannot succeed.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let failed = s.metric(failures).await - before;
+    eprintln!("cluster gone: {failed} failed sweeps of {SHOWS} due shows in 3 s");
+    assert!(failed >= 1.0, "no sweep was even tried");
+    assert!(
+        failed < SHOWS as f64,
+        "{failed} failed sweeps of {SHOWS} due shows in 3 s: the sweeper retried them instead of pausing"
+    );
+
+    // The nodes come back (empty: the test cluster keeps no data). The
+    // paused masters are tried again, and sweeps resume: a new 300 ms hold
+    // on each show gets its `expired` event.
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    common::heal(&[], &ports).await;
+    s.wait_ready(Duration::from_secs(15)).await;
+    let back = Instant::now();
+    let keys = seathold::keys::KeySpace::new("seat-hold:");
+    let mut shows = Vec::new();
+    for i in 0..SHOWS {
+        let sh = show(&format!("back{i}"));
+        let (status, body) = s
+            .post(
+                &format!("/v1/shows/{sh}/seats/A1/hold"),
+                serde_json::json!({"ttlMs": 300}),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        shows.push(sh);
+    }
+    let r = common::redis().await;
+    for sh in &shows {
+        common::eventually(
+            Duration::from_secs(5),
+            &format!("the expired event of {sh}"),
+            || async {
+                let events: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+                    .arg(keys.events(sh))
+                    .arg("-")
+                    .arg("+")
+                    .query_async(&mut r.clone())
+                    .await
+                    .expect("XRANGE");
+                events
+                    .iter()
+                    .any(|(_, f)| f.iter().any(|(k, v)| k == "t" && v == "expired"))
+            },
+        )
+        .await;
+    }
+    eprintln!(
+        "cluster back: every new hold's expired event within {:?}",
+        back.elapsed()
+    );
+    s.stop().await;
+}
