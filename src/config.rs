@@ -212,6 +212,17 @@ pub struct Options {
     #[arg(long, env = "SEATHOLD_EVENTS_MAX_LEN", default_value_t = 10_000)]
     pub events_max_len: u64,
 
+    /// How often the masters are scanned for deadline indexes when nothing
+    /// asked for a scan sooner (start, a restarted expiry subscription, a
+    /// changed slot map). Each period one instance scans each master: the
+    /// first to take that master's scan lease.
+    #[arg(
+        long,
+        env = "SEATHOLD_SWEEP_SCAN_INTERVAL_MS",
+        default_value_t = 60_000
+    )]
+    pub sweep_scan_interval_ms: u64,
+
     /// How often an event stream (SSE) without events sends a comment
     /// line, so that proxies keep it open.
     #[arg(long, env = "SEATHOLD_SSE_HEARTBEAT_MS", default_value_t = 15_000)]
@@ -324,6 +335,9 @@ impl Options {
             return fail(
                 "--header-read-timeout-ms and --body-read-timeout-ms must be positive".into(),
             );
+        }
+        if self.sweep_scan_interval_ms < 1_000 {
+            return fail("--sweep-scan-interval-ms must be at least 1000".into());
         }
         if self.sse_heartbeat_ms < 100 {
             return fail("--sse-heartbeat-ms must be at least 100".into());

@@ -173,6 +173,14 @@ impl KeySpace {
         self.record(show.as_ref(), "holder-sold", holder)
     }
 
+    /// `<prefix>{show:.scan.<n>}#scan-lease`: which instance scans a
+    /// master for deadline indexes this period (`events::sweep`); `n` picks
+    /// a hash tag whose slot is on that master. No show's own keys end in
+    /// `#scan-lease`.
+    pub fn scan_lease(&self, n: u32) -> String {
+        self.show_key(&format!(".scan.{n}"), "scan-lease")
+    }
+
     /// If `key` is a deadline index of this key space, its show.
     pub fn parse_deadlines<'k>(&self, key: &'k str) -> Option<&'k str> {
         let rest = key.strip_prefix(self.prefix.as_str())?;

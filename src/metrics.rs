@@ -63,6 +63,10 @@ pub const EVENT_READERS: &str = "seathold_event_readers";
 pub const EVENT_SUBSCRIBERS_DROPPED: &str = "seathold_event_subscribers_dropped_total";
 /// Sweeps of a show's deadline index that failed (Redis unavailable).
 pub const SWEEP_FAILURES: &str = "seathold_sweep_failures_total";
+/// Scans of a master for deadline indexes, by `kind`: `forced` (start, a
+/// restarted subscription, a changed slot map), `periodic` (this instance
+/// took the master's scan lease) and `skipped` (another instance had it).
+pub const SWEEP_SCANS: &str = "seathold_sweep_scans_total";
 /// Shows with live holds this instance sweeps.
 pub const SWEPT_SHOWS: &str = "seathold_swept_shows";
 
@@ -178,18 +182,6 @@ fn describe() {
         EVENT_READERS,
         "Shows whose stream this instance reads: one reader per show."
     );
-    describe_counter!(
-        EVENT_SUBSCRIBERS_DROPPED,
-        "Event subscribers disconnected because they fell too far behind."
-    );
-    describe_counter!(
-        SWEEP_FAILURES,
-        "Sweeps of a show's deadline index that failed; expired events wait while this grows."
-    );
-    describe_gauge!(
-        SWEPT_SHOWS,
-        "Shows with live holds whose deadlines this instance watches."
-    );
     describe_counter!(RELEASES, "Holds released.");
     describe_counter!(POOL_UNITS_HELD, "Pool units in granted holds.");
     describe_counter!(
@@ -289,6 +281,10 @@ fn describe() {
         "Sweeps of a show's deadline index that failed (expired events delayed)."
     );
     describe_gauge!(SWEPT_SHOWS, "Shows with deadlines this instance sweeps.");
+    describe_counter!(
+        SWEEP_SCANS,
+        "Scans of a master for deadline indexes, by kind: forced (start, a restarted subscription, a changed slot map), periodic (this instance held the master's scan lease), skipped (another instance did)."
+    );
     describe_gauge!(BUILD_INFO, "Always 1; the version label names the build.");
     describe_gauge!(
         KEYSPACE_EVENTS_ENABLED,
@@ -332,6 +328,9 @@ pub fn register_zeroes() {
     let _ = metrics::histogram!(EVENT_DELIVERY);
     for kind in ["conflict", "read"] {
         metrics::counter!(VIEW_ANSWERS, "kind" => kind).increment(0);
+    }
+    for kind in ["forced", "periodic", "skipped"] {
+        metrics::counter!(SWEEP_SCANS, "kind" => kind).increment(0);
     }
     for kind in crate::cluster::RedisFault::ALL {
         metrics::counter!(REDIS_ERRORS, "kind" => kind.label()).increment(0);

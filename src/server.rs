@@ -65,7 +65,12 @@ pub fn app(opts: &Options) -> Result<Arc<App>, StartError> {
         };
         let hub = Hub::new(Arc::clone(&cluster), keys.clone(), block);
         crate::events::Events {
-            sweeper: Sweeper::new(Arc::clone(&cluster), keys.clone(), opts.events_max_len),
+            sweeper: Sweeper::new(
+                Arc::clone(&cluster),
+                keys.clone(),
+                opts.events_max_len,
+                Duration::from_millis(opts.sweep_scan_interval_ms),
+            ),
             views: (opts.view_max_lag_ms > 0).then(|| {
                 Arc::new(Views::new(
                     Arc::clone(&hub),

@@ -1598,3 +1598,46 @@ async fn events_off_has_no_route_and_writes_no_stream() {
     );
     assert!(!ours.is_empty(), "the holds wrote their keys");
 }
+
+/// With several instances, the periodic scan of each master for deadline
+/// indexes is made by one of them per period, the one that takes the
+/// master's scan lease: a scan visits every key of the master, and N
+/// instances scanning every period cost N times that (three instances on
+/// 1.3 million keys per master kept the masters scanning most of the time).
+#[tokio::test]
+async fn periodic_scans_are_shared_between_instances() {
+    let _alone = common::exclusive().await;
+    let mut opts = common::options();
+    opts.sweep_scan_interval_ms = 1_000;
+    let a = common::server_with(opts.clone()).await;
+    let b = common::server_with(opts).await;
+    // Both servers are in this process: the counters add them up.
+    let scans = |text: &str, kind: &str| {
+        common::series(
+            text,
+            &format!("seathold_sweep_scans_total{{kind=\"{kind}\"}}"),
+        )
+    };
+    let text = a.metrics().await;
+    let (periodic, skipped) = (scans(&text, "periodic"), scans(&text, "skipped"));
+    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    let text = a.metrics().await;
+    let periodic = scans(&text, "periodic") - periodic;
+    let skipped = scans(&text, "skipped") - skipped;
+    eprintln!(
+        "two instances, 3 masters, 5.5 s of 1 s periods: {periodic} scans, {skipped} skipped"
+    );
+    // A lease lasts 0.9 s: each master is scanned at most 7 times in 5.5 s.
+    // Without leases both instances scan every master every period (about
+    // 30 scans).
+    assert!(
+        periodic <= 21.0,
+        "{periodic} periodic scans of 3 masters in 5.5 s by two instances"
+    );
+    assert!(
+        periodic >= 9.0 && skipped >= 6.0,
+        "{periodic} periodic scans and {skipped} skipped: the instances did not take turns"
+    );
+    a.stop().await;
+    b.stop().await;
+}

@@ -11,12 +11,14 @@
 //! expired hold records (a hint, node-local and possibly late, that covers
 //! the holds other instances made), and a scan of every master for deadline
 //! indexes at start, whenever notifications may have been lost (a
-//! subscription restarted, the slot map changed) and every [`SCAN_EVERY`]
-//! (which covers a restart of every instance and failovers). A scan reads
-//! each index's earliest deadline (a cheap read, pipelined) and schedules
-//! the show then: sweeping every show found would cost one script run per
-//! show with live holds every scan. A hold that expires while no instance
-//! runs gets its event when one starts.
+//! subscription restarted, the slot map changed) and every
+//! `--sweep-scan-interval-ms` (60 s), which covers notifications lost
+//! unnoticed; the periodic scan of a master is made by one instance per
+//! period, the one that takes the master's scan lease. A scan reads each
+//! index's earliest deadline (a cheap read, pipelined) and schedules the
+//! show then: sweeping every show found would cost one script run per show
+//! with live holds every scan. A hold that expires while no instance runs
+//! gets its event when one starts.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -30,13 +32,6 @@ use crate::cluster::Cluster;
 use crate::ids::ShowId;
 use crate::keys::KeySpace;
 use crate::metrics as m;
-
-/// How often every master is scanned for deadline indexes when nothing
-/// asked for a scan sooner. A scan visits every key of every master (SCAN),
-/// so it runs when notifications may have been lost: at start, when a
-/// subscription to a master's expiry notifications (re)starts, when the
-/// slot map changes (a failover), and otherwise this rarely.
-pub const SCAN_EVERY: Duration = Duration::from_secs(60);
 
 /// How long after a deadline (on Redis's clock) its show is swept: a few
 /// ms late rather than early, as the local clock and Redis's may differ by
@@ -74,6 +69,10 @@ pub struct Sweeper {
     wake: Notify,
     /// Asks for a scan of the masters now (see [`Sweeper::rescan`]).
     rescan: Notify,
+    /// The pause between periodic scans.
+    scan_every: Duration,
+    /// This instance, in the scan leases it takes.
+    instance: String,
 }
 
 /// How long a hold this instance expired is remembered: Redis's expiry
@@ -390,7 +389,12 @@ impl Due {
 }
 
 impl Sweeper {
-    pub fn new(cluster: Arc<Cluster>, keys: KeySpace, max_len: u64) -> Arc<Self> {
+    pub fn new(
+        cluster: Arc<Cluster>,
+        keys: KeySpace,
+        max_len: u64,
+        scan_every: Duration,
+    ) -> Arc<Self> {
         Arc::new(Self {
             cluster,
             keys,
@@ -398,6 +402,8 @@ impl Sweeper {
             due: Mutex::new(Due::default()),
             wake: Notify::new(),
             rescan: Notify::new(),
+            scan_every,
+            instance: uuid::Uuid::new_v4().to_string(),
         })
     }
 
@@ -546,24 +552,26 @@ impl Sweeper {
     }
 
     /// Scans every master for deadline indexes once the slot map is known,
-    /// then whenever [`Sweeper::rescan`] asks or the slot map changes, and
-    /// at least every [`SCAN_EVERY`], until `stop` turns true.
+    /// then whenever [`Sweeper::rescan`] asks or the slot map changes
+    /// (forced scans), and otherwise every `scan_every`, each master only
+    /// when this instance takes its scan lease, until `stop` turns true.
     async fn scan_every(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let mut topology = self.cluster.watch_topology();
+        let mut periodic = false;
         loop {
             let pause = if self.cluster.topology().covered_slots() > 0 {
                 topology.borrow_and_update();
-                self.scan().await;
-                SCAN_EVERY
+                self.scan(periodic).await;
+                self.scan_every
             } else {
                 Duration::from_millis(100)
             };
-            tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
-                _ = self.rescan.notified() => {}
-                Ok(()) = topology.changed() => {}
+            periodic = tokio::select! {
+                _ = tokio::time::sleep(pause) => true,
+                _ = self.rescan.notified() => false,
+                Ok(()) = topology.changed() => false,
                 _ = stop.wait_for(|s| *s) => return,
-            }
+            };
         }
     }
 
@@ -610,22 +618,39 @@ impl Sweeper {
         }
     }
 
-    /// Finds every show with a deadline index on every master.
-    async fn scan(&self) {
+    /// Finds every show with a deadline index on every master; a periodic
+    /// scan skips the masters whose scan lease another instance holds.
+    async fn scan(&self, periodic: bool) {
         let pattern = format!("{}{{show:*}}#deadlines", glob_escape(self.keys.prefix()));
         for master in self.cluster.topology().masters.clone() {
-            if let Err(err) = self.scan_master(&master, &pattern).await {
+            if let Err(err) = self.scan_master(&master, &pattern, periodic).await {
                 tracing::debug!(%master, error = %err, "scan for deadline indexes failed");
             }
         }
     }
 
-    async fn scan_master(&self, master: &str, pattern: &str) -> Result<(), crate::error::Error> {
+    async fn scan_master(
+        &self,
+        master: &str,
+        pattern: &str,
+        periodic: bool,
+    ) -> Result<(), crate::error::Error> {
         let client = self.cluster.node_client(master)?;
         let deadline = crate::cluster::Deadline::after(self.cluster.timeout());
         let mut conn = deadline
             .within(async { Ok(client.get_multiplexed_async_connection().await?) })
             .await?;
+        let kind = if !periodic {
+            "forced"
+        } else if self.take_lease(&mut conn, master).await {
+            "periodic"
+        } else {
+            "skipped"
+        };
+        metrics::counter!(m::SWEEP_SCANS, "kind" => kind).increment(1);
+        if kind == "skipped" {
+            return Ok(());
+        }
         let mut cursor = 0u64;
         loop {
             let page = async {
@@ -655,6 +680,44 @@ impl Sweeper {
                 return Ok(());
             }
             cursor = next;
+        }
+    }
+
+    /// Takes `master`'s scan lease for this period: `SET … NX PX` of a key
+    /// in one of its slots, kept a tenth shorter than the period, so that
+    /// each period one instance scans each master (with N instances, a
+    /// scan every period instead of N). Answers whether to scan: also when
+    /// the lease cannot be read (no key of the master's slots is known, a
+    /// slot moved, an error), as a scan too many costs less than none.
+    async fn take_lease(&self, conn: &mut redis::aio::MultiplexedConnection, master: &str) -> bool {
+        let topology = self.cluster.topology();
+        let Some(key) = (0..4_096)
+            .map(|n| self.keys.scan_lease(n))
+            .find(|key| topology.master_of(crate::keys::slot(key.as_bytes())) == Some(master))
+        else {
+            return true;
+        };
+        let lease_ms = u64::try_from(self.scan_every.as_millis() * 9 / 10).unwrap_or(u64::MAX);
+        let take = async {
+            let taken: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(&self.instance)
+                .arg("NX")
+                .arg("PX")
+                .arg(lease_ms)
+                .query_async(conn)
+                .await?;
+            Ok::<_, crate::error::Error>(taken.is_some())
+        };
+        match crate::cluster::Deadline::after(self.cluster.timeout())
+            .within(take)
+            .await
+        {
+            Ok(taken) => taken,
+            Err(err) => {
+                tracing::debug!(%master, error = %err, "cannot take the scan lease; scanning");
+                true
+            }
         }
     }
 
