@@ -3,26 +3,31 @@
 //!
 //! A multiplexed connection writes each command as soon as its driver task
 //! runs, and tokio runs that task right after the request that woke it:
-//! under load almost every EVALSHA cost the daemon one `writev` and the
-//! master one `read` and one `write` of its own (0.8 writes per hold at
-//! 18,000 holds/s, measured with `perf stat`). On loopback such a system
-//! call costs more than the script's own work. Here a request queues its
-//! command and a flusher task, woken by the first command of a batch,
-//! yields once, so that the other requests that were ready in the same turn
-//! of the scheduler queue theirs, and then sends everything queued as one
-//! pipeline. Replies come back in order on the same connection and go to
-//! their requests. Nothing waits for a timer: with one request in flight a
-//! batch is that one command, sent after one scheduler turn.
+//! under load the daemon made 1.74 `writev` calls per single-seat hold (one
+//! for the HTTP answer, 0.74 for Redis; `perf stat` at 18,000 holds/s).
+//! Here a request queues its command and a flusher task, woken by the first
+//! command of a batch, yields once, so that the other requests that were
+//! ready in the same turn of the scheduler queue theirs, and then sends
+//! everything queued as one pipeline: 1.12 `writev` per hold. Replies come
+//! back in order on the same connection and go to their requests. Nothing
+//! waits for a timer: with one request in flight a batch is that one
+//! command, sent after one scheduler turn.
+//!
+//! On loopback this saves system calls and little else: the masters
+//! already read about 17 queued commands per `read` under that load, and
+//! holds/s and the daemon's CPU per hold did not change beyond the
+//! machine's noise (docs/benchmark.md). Across a network, where each write
+//! is a packet, fewer and fuller writes are the point.
 //!
 //! Each command keeps its own answer: a server error (`NOSCRIPT`,
 //! `MOVED`, a script error) reaches only the request that sent it, exactly
 //! as over the connection itself; a broken connection fails every command
 //! of the batch, as it would have failed each of them.
 
-use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::{Cmd, RedisFuture, RedisResult, Value};
 use std::time::Duration;
 
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{Cmd, RedisFuture, RedisResult, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::timeout;
 
