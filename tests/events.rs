@@ -794,6 +794,58 @@ async fn an_own_expiry_costs_one_sweep() {
     assert_eq!(metric(&d, "seathold_hold_expiries_total").await, 40.0);
 }
 
+/// With two instances each expiry still costs one sweep: the instance that
+/// did not make the hold hears Redis's notification that its record
+/// expired too, reads the show's earliest deadline (a `ZRANGE`, no
+/// script) and finds the hold swept already. (Answering the notification
+/// with a sweep cost one more run of sweep.lua per expiry and instance:
+/// 80-90 here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_instance_hearing_an_expiry_reads_instead_of_sweeping() {
+    let _alone = common::exclusive().await;
+    let base = show("heard");
+    // A key prefix of their own: the instances hear of no other test's keys.
+    let prefix = format!("{base}:");
+    let maker = Daemon::start(&["--key-prefix", prefix.as_str()]).await;
+    let other = Daemon::start(&["--key-prefix", prefix.as_str()]).await;
+    let api = Api::new(&maker.base);
+    for i in 0..40 {
+        api.hold(&format!("{base}-{i}"), &["H1".to_owned()], 1_000)
+            .await;
+    }
+    let before = common::command_stats().await;
+    let expiries = || async {
+        metric(&maker, "seathold_hold_expiries_total").await
+            + metric(&other, "seathold_hold_expiries_total").await
+    };
+    eventually(Duration::from_secs(5), "40 expiries", || async {
+        expiries().await >= 40.0
+    })
+    .await;
+    // Redis deletes expired records within a second or so and notifies.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let after = common::command_stats().await;
+    let calls = |name: &str| -> u64 {
+        common::stats_delta(&before, &after)
+            .iter()
+            .filter(|((_, command), _)| command == name)
+            .map(|(_, stat)| stat[0])
+            .sum()
+    };
+    // Each run of sweep.lua also calls ZRANGE once (the next deadline).
+    let (sweeps, reads) = (calls("evalsha"), calls("zrange") - calls("evalsha"));
+    eprintln!("two instances: 40 holds on 40 shows expired in {sweeps} sweeps and {reads} reads");
+    assert!(
+        (40..=50).contains(&sweeps),
+        "{sweeps} sweeps for the expiries of 40 holds on 40 shows with two instances"
+    );
+    assert!(
+        reads >= 30,
+        "the other instance read {reads} deadlines for 40 notified expiries"
+    );
+    assert_eq!(expiries().await, 40.0);
+}
+
 /// Holds that run out while no instance runs get their `expired` event, once,
 /// from the next instance to start: its first scan of the masters finds
 /// every deadline index. The scan reads each index's earliest deadline and

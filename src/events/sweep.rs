@@ -38,6 +38,15 @@ use crate::metrics as m;
 /// a round trip, and Redis counts a hold due only after its expiry ms.
 const LATE_MS: u64 = 5;
 
+/// How long after the first of a burst of expiry notifications the
+/// notified shows' deadlines are read, so that the burst shares one read
+/// per master.
+const CHECK_AFTER: Duration = Duration::from_millis(5);
+
+/// A show already due this soon needs nothing more for an expiry
+/// notification: its sweep expires every hold due by then.
+const SWEEP_SOON: Duration = Duration::from_millis(50);
+
 /// Most holds one sweep expires (the next sweep follows at once).
 const BATCH: usize = 200;
 
@@ -69,6 +78,10 @@ pub struct Sweeper {
     wake: Notify,
     /// Asks for a scan of the masters now (see [`Sweeper::rescan`]).
     rescan: Notify,
+    /// Shows whose hold records Redis said expired, to read the earliest
+    /// deadline of ([`Sweeper::check_notified`]).
+    notified: Mutex<HashSet<ShowId>>,
+    check: Notify,
     /// The pause between periodic scans.
     scan_every: Duration,
     /// This instance, in the scan leases it takes.
@@ -211,11 +224,21 @@ impl Due {
     }
 
     /// Redis said the record of hold `hold` of `show` expired at or before
-    /// `now`: answers whether to sweep the show now. Not when this instance
-    /// wrote that hold's event already, nor while a sweep of the show runs
-    /// (its answer tells whether it expired that hold).
+    /// `now`: answers whether the show may need a sweep now. Not when this
+    /// instance wrote that hold's event already, nor while a sweep of the
+    /// show runs (its answer tells whether it expired that hold), nor when
+    /// one is due within [`SWEEP_SOON`].
     fn record_expired(&mut self, show: &ShowId, hold: u64, now: Instant) -> bool {
         if self.expired.contains(now, hold) {
+            return false;
+        }
+        // A sweep of the show is due within moments anyway (this
+        // instance's own hold, heard before its timer fired).
+        if self
+            .by_show
+            .get(show)
+            .is_some_and(|at| *at <= now + SWEEP_SOON)
+        {
             return false;
         }
         match self.running.get_mut(show) {
@@ -402,6 +425,8 @@ impl Sweeper {
             due: Mutex::new(Due::default()),
             wake: Notify::new(),
             rescan: Notify::new(),
+            notified: Mutex::new(HashSet::new()),
+            check: Notify::new(),
             scan_every,
             instance: uuid::Uuid::new_v4().to_string(),
         })
@@ -436,8 +461,7 @@ impl Sweeper {
         }
     }
 
-    /// A hint that `show` may have a deadline due now (the expired record
-    /// of a hold this instance did not expire, or a scan page whose
+    /// A hint that `show` may have a deadline due now (a scan page whose
     /// deadlines could not be read).
     pub fn hint(&self, show: &str) {
         if let Ok(show) = ShowId::parse(show) {
@@ -446,10 +470,13 @@ impl Sweeper {
     }
 
     /// Redis's notification that the record of hold `token` of `show`
-    /// expired: a hint to sweep the show now, unless this instance wrote
-    /// that hold's `expired` event already or is sweeping the show (the
-    /// notification then repeats what the sweep did: answering each with a
-    /// sweep doubled the sweeps of an instance's own holds).
+    /// expired: a hint that the show may have a deadline due now. Nothing
+    /// when this instance wrote that hold's `expired` event already or is
+    /// sweeping the show (the notification then repeats what the sweep did:
+    /// answering each with a sweep doubled the sweeps of an instance's own
+    /// holds). Otherwise the show's earliest deadline is read first
+    /// ([`Sweeper::check_notified`]): every instance hears every expiry,
+    /// and the hold's own instance has usually swept it by then.
     pub fn record_expired(&self, show: &str, token: &str) {
         let Ok(show) = ShowId::parse(show) else {
             return;
@@ -463,7 +490,17 @@ impl Sweeper {
                 return;
             }
         }
-        self.due_at(&show, now);
+        let first = {
+            let mut notified = self
+                .notified
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            notified.insert(show);
+            notified.len() == 1
+        };
+        if first {
+            self.check.notify_one();
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Due> {
@@ -479,6 +516,7 @@ impl Sweeper {
     /// never holds sweeps up.
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let scanner = tokio::spawn(Arc::clone(&self).scan_every(stop.clone()));
+        let checker = tokio::spawn(Arc::clone(&self).check_notified(stop.clone()));
         let mut topology = self.cluster.watch_topology();
         let mut in_flight = futures_util::stream::FuturesUnordered::new();
         loop {
@@ -542,6 +580,82 @@ impl Sweeper {
             }
         }
         scanner.abort();
+        checker.abort();
+    }
+
+    /// Reads, for the shows whose hold records Redis said expired, each
+    /// show's earliest deadline, and sweeps a show only when one is due:
+    /// with N instances each expiry is heard N times, and answering each
+    /// with a sweep cost the masters N runs of sweep.lua per expiry where
+    /// one writes the event (the hold's own instance sweeps at its
+    /// deadline, usually before the notification comes). A read is a
+    /// `ZRANGE … 0 0 WITHSCORES` per show, pipelined per master with
+    /// Redis's `TIME`, a few milliseconds after the first notification so
+    /// that those that come together share it. When the read fails, the
+    /// shows are swept.
+    async fn check_notified(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let mut conns: HashMap<String, redis::aio::MultiplexedConnection> = HashMap::new();
+        loop {
+            tokio::select! {
+                _ = self.check.notified() => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            tokio::time::sleep(CHECK_AFTER).await;
+            let shows: Vec<ShowId> = std::mem::take(
+                &mut *self
+                    .notified
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            )
+            .into_iter()
+            .collect();
+            let topology = self.cluster.topology();
+            let mut by_master: HashMap<&str, Vec<(String, ShowId)>> = HashMap::new();
+            for show in shows {
+                let key = self.keys.deadlines(&show);
+                match topology.master_of(crate::keys::slot(key.as_bytes())) {
+                    Some(master) => by_master.entry(master).or_default().push((key, show)),
+                    None => self.due_at(&show, Instant::now()),
+                }
+            }
+            for (master, found) in by_master {
+                let read = async {
+                    let conn = match conns.get_mut(master) {
+                        Some(conn) => conn,
+                        None => {
+                            let client = self.cluster.node_client(master)?;
+                            let conn = client.get_multiplexed_async_connection().await?;
+                            conns.entry(master.to_owned()).or_insert(conn)
+                        }
+                    };
+                    let keys: Vec<&str> = found.iter().map(|(key, _)| key.as_str()).collect();
+                    earliest(conn, &keys).await
+                };
+                let answer = crate::cluster::Deadline::after(self.cluster.timeout())
+                    .within(read)
+                    .await;
+                match answer {
+                    Ok((now_ms, earliest)) => {
+                        for ((_, show), at) in found.iter().zip(earliest) {
+                            // Due once Redis's clock is past it, as in
+                            // sweep.lua; a later one is another hold's, whose
+                            // own instance sweeps it (or whose record's
+                            // expiry is heard in turn).
+                            if at.is_some_and(|at| (at as u64) < now_ms) {
+                                self.due_at(show, Instant::now());
+                            }
+                        }
+                    }
+                    Err(err) => {
+                        tracing::debug!(%master, error = %err, "reading deadlines of notified shows failed; sweeping them");
+                        conns.remove(master);
+                        for (_, show) in &found {
+                            self.due_at(show, Instant::now());
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Asks for a scan of every master now: expiry notifications may have
@@ -733,24 +847,8 @@ impl Sweeper {
         conn: &mut redis::aio::MultiplexedConnection,
         found: &[(&str, &str)],
     ) {
-        let read = async {
-            let mut pipe = redis::pipe();
-            pipe.cmd("TIME");
-            for (key, _) in found {
-                pipe.cmd("ZRANGE").arg(*key).arg(0).arg(0).arg("WITHSCORES");
-            }
-            let mut replies: Vec<redis::Value> = pipe.query_async(conn).await?;
-            let (secs, micros): (u64, u64) =
-                redis::from_redis_value(replies.remove(0)).map_err(redis::RedisError::from)?;
-            let now_ms = secs * 1_000 + micros / 1_000;
-            let mut earliest = Vec::with_capacity(replies.len());
-            for reply in replies {
-                let first: Vec<(String, f64)> =
-                    redis::from_redis_value(reply).map_err(redis::RedisError::from)?;
-                earliest.push(first.first().map(|(_, score)| *score));
-            }
-            Ok::<_, crate::error::Error>((now_ms, earliest))
-        };
+        let keys: Vec<&str> = found.iter().map(|(key, _)| *key).collect();
+        let read = earliest(conn, &keys);
         match crate::cluster::Deadline::after(self.cluster.timeout())
             .within(read)
             .await
@@ -775,6 +873,31 @@ impl Sweeper {
             }
         }
     }
+}
+
+/// Redis's time (ms) and the earliest deadline in each of the deadline
+/// indexes `keys` (`None`: empty or gone), in one pipeline: `TIME`, then
+/// `ZRANGE … 0 0 WITHSCORES` per index.
+async fn earliest(
+    conn: &mut redis::aio::MultiplexedConnection,
+    keys: &[&str],
+) -> Result<(u64, Vec<Option<f64>>), crate::error::Error> {
+    let mut pipe = redis::pipe();
+    pipe.cmd("TIME");
+    for key in keys {
+        pipe.cmd("ZRANGE").arg(*key).arg(0).arg(0).arg("WITHSCORES");
+    }
+    let mut replies: Vec<redis::Value> = pipe.query_async(conn).await?;
+    let (secs, micros): (u64, u64) =
+        redis::from_redis_value(replies.remove(0)).map_err(redis::RedisError::from)?;
+    let now_ms = secs * 1_000 + micros / 1_000;
+    let mut earliest = Vec::with_capacity(replies.len());
+    for reply in replies {
+        let first: Vec<(String, f64)> =
+            redis::from_redis_value(reply).map_err(redis::RedisError::from)?;
+        earliest.push(first.first().map(|(_, score)| *score));
+    }
+    Ok((now_ms, earliest))
 }
 
 /// `prefix` with the glob characters of SCAN's MATCH escaped.
@@ -879,6 +1002,11 @@ mod tests {
         assert!(!due.record_expired(&show("a"), 7, ms(4)));
         assert!(!due.record_expired(&show("b"), 8, ms(4)));
         assert!(due.record_expired(&show("a"), 9, ms(4)));
+        // A show due within SWEEP_SOON needs nothing more; later, it does.
+        due.set(&show("c"), ms(30), true);
+        assert!(!due.record_expired(&show("c"), 10, ms(4)));
+        due.set(&show("d"), ms(500), true);
+        assert!(due.record_expired(&show("d"), 11, ms(4)));
         // It forgets after REMEMBER to twice that.
         let later = now + REMEMBER * 2 + Duration::from_millis(10);
         assert!(due.record_expired(&show("a"), 7, later));
