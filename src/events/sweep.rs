@@ -610,6 +610,8 @@ impl Sweeper {
             .into_iter()
             .collect();
             let topology = self.cluster.topology();
+            // Connections to nodes that are no longer masters go.
+            conns.retain(|addr, _| topology.masters.iter().any(|m| m == addr));
             let mut by_master: HashMap<&str, Vec<(String, ShowId)>> = HashMap::new();
             for show in shows {
                 let key = self.keys.deadlines(&show);
