@@ -1,0 +1,521 @@
+//! Which shows are due when: this instance's schedule of deadlines, the
+//! holds it expired lately, and the pauses of masters whose sweeps failed.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::ids::ShowId;
+
+/// A show already due this soon needs nothing more for an expiry
+/// notification: its sweep expires every hold due by then.
+const SWEEP_SOON: Duration = Duration::from_millis(50);
+
+/// How long a master's sweeps wait after one failed, before one sweep tries
+/// it again; doubled after each failed try, up to [`PAUSE_MAX`]. Without
+/// the pause every due show of a master that refuses connections was
+/// retried every 250 ms: with the whole cluster gone, 47,000 failed sweeps
+/// (and as many log lines) a second and more than a core; with a master
+/// that does not answer, all [`PARALLEL`](super::PARALLEL) sweeps waited on it while the
+/// other masters' expiries waited for a free place.
+pub(super) const PAUSE_FIRST: Duration = Duration::from_millis(250);
+pub(super) const PAUSE_MAX: Duration = Duration::from_secs(2);
+
+/// How long a hold this instance expired is remembered: Redis's expiry
+/// notification of its record, which comes after the record is deleted
+/// (usually within a second, seconds under heavy expiry load), is then
+/// known to need no sweep.
+const REMEMBER: Duration = Duration::from_secs(10);
+
+/// The refs of the holds this instance expired in the last [`REMEMBER`] to
+/// twice that: two generations, the older dropped whole.
+struct Recent {
+    current: HashSet<u64>,
+    older: HashSet<u64>,
+    since: Instant,
+}
+
+impl Default for Recent {
+    fn default() -> Self {
+        Self {
+            current: HashSet::new(),
+            older: HashSet::new(),
+            since: Instant::now(),
+        }
+    }
+}
+
+impl Recent {
+    fn rotate(&mut self, now: Instant) {
+        let age = now.duration_since(self.since);
+        if age >= REMEMBER {
+            self.older = std::mem::take(&mut self.current);
+            if age >= REMEMBER * 2 {
+                self.older.clear();
+            }
+            self.since = now;
+        }
+    }
+
+    fn insert(&mut self, now: Instant, hold: u64) {
+        self.rotate(now);
+        self.current.insert(hold);
+    }
+
+    fn contains(&mut self, now: Instant, hold: u64) -> bool {
+        self.rotate(now);
+        self.current.contains(&hold) || self.older.contains(&hold)
+    }
+}
+
+/// The shows to sweep, by show and in deadline order: scheduling and taking
+/// the next due shows cost a logarithm of the shows known, not their
+/// number, as every hold schedules its show.
+#[derive(Default)]
+pub(super) struct Due {
+    by_show: HashMap<ShowId, Instant>,
+    order: BTreeSet<(Instant, ShowId)>,
+    /// Shows being swept now, with what came for them meanwhile: not
+    /// started again until that sweep answers, and kept out of `order`, so
+    /// taking the next due shows never steps over them.
+    running: HashMap<ShowId, Meanwhile>,
+    /// Holds this instance wrote the `expired` event of lately.
+    expired: Recent,
+    /// Masters whose last sweep failed, by address.
+    paused: HashMap<Arc<str>, Paused>,
+}
+
+/// The sweeps of a master whose last sweep failed.
+struct Paused {
+    /// When one sweep may try the master again.
+    until: Instant,
+    /// The pause before `until`.
+    pause: Duration,
+    /// The show whose sweep is trying the master again: its answer ends
+    /// the pause, or makes it longer.
+    probe: Option<ShowId>,
+    /// The master's other shows that came due meanwhile, due again when
+    /// the pause ends.
+    parked: Vec<ShowId>,
+}
+
+/// What a sweep came to.
+#[derive(Debug, PartialEq)]
+pub(super) enum Swept {
+    /// It answered: the holds it expired, and when the show's next deadline
+    /// is due (`None`: its index is empty).
+    Done {
+        next: Option<Instant>,
+        holds: Vec<u64>,
+    },
+    /// It failed (the master refused, did not answer in time, or is not
+    /// known).
+    Failed,
+}
+
+/// A change of a master's pause, to log outside the lock.
+#[derive(Debug, PartialEq)]
+pub(super) enum PauseChange {
+    Paused,
+    Resumed { parked: usize },
+}
+
+/// What came for a show while it was being swept.
+#[derive(Default)]
+struct Meanwhile {
+    /// The earliest time it was scheduled for.
+    at: Option<Instant>,
+    /// Holds whose records Redis said expired: a sweep again only for those
+    /// this sweep did not expire.
+    records: Vec<u64>,
+}
+
+impl Due {
+    /// Sets `show` due at `at`, or earlier if it already was; answers
+    /// whether `at` is now the earliest deadline of all (the loop must wake).
+    /// A show being swept is only noted: the sweep's answer reschedules it.
+    pub(super) fn set(&mut self, show: &ShowId, at: Instant, only_earlier: bool) -> bool {
+        if let Some(meanwhile) = self.running.get_mut(show) {
+            meanwhile.at = Some(meanwhile.at.map_or(at, |a| a.min(at)));
+            return false;
+        }
+        if let Some(old) = self.by_show.get(show).copied() {
+            if only_earlier && at >= old {
+                return false;
+            }
+            self.order.remove(&(old, show.clone()));
+        }
+        self.by_show.insert(show.clone(), at);
+        self.order.insert((at, show.clone()));
+        self.order.first().is_some_and(|(first, _)| *first == at)
+    }
+
+    /// Redis said the record of hold `hold` of `show` expired at or before
+    /// `now`: answers whether the show may need a sweep now. Not when this
+    /// instance wrote that hold's event already, nor while a sweep of the
+    /// show runs (its answer tells whether it expired that hold), nor when
+    /// one is due within [`SWEEP_SOON`].
+    pub(super) fn record_expired(&mut self, show: &ShowId, hold: u64, now: Instant) -> bool {
+        if self.expired.contains(now, hold) {
+            return false;
+        }
+        // A sweep of the show is due within moments anyway (this
+        // instance's own hold, heard before its timer fired).
+        if self
+            .by_show
+            .get(show)
+            .is_some_and(|at| *at <= now + SWEEP_SOON)
+        {
+            return false;
+        }
+        match self.running.get_mut(show) {
+            Some(meanwhile) => {
+                meanwhile.records.push(hold);
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// Takes up to `n` shows due by `now`, in deadline order, with their
+    /// masters (`master_of`), and marks them running. A show of a paused
+    /// master is parked instead, unless the pause is over and no other
+    /// show is trying that master yet: then it is the one that tries.
+    pub(super) fn start(
+        &mut self,
+        now: Instant,
+        n: usize,
+        master_of: impl Fn(&ShowId) -> Arc<str>,
+    ) -> Vec<(ShowId, Arc<str>)> {
+        self.wake_paused(now);
+        let mut shows = Vec::new();
+        while shows.len() < n {
+            match self.order.first() {
+                Some((at, _)) if *at <= now => {}
+                _ => break,
+            }
+            let Some((_, show)) = self.order.pop_first() else {
+                break;
+            };
+            self.by_show.remove(&show);
+            let master = master_of(&show);
+            if let Some(paused) = self.paused.get_mut(&master) {
+                if now < paused.until || paused.probe.is_some() {
+                    paused.parked.push(show);
+                    continue;
+                }
+                paused.probe = Some(show.clone());
+            }
+            self.running.insert(show.clone(), Meanwhile::default());
+            shows.push((show, master));
+        }
+        shows
+    }
+
+    /// Makes one parked show of each master whose pause is over due now,
+    /// to try the master again.
+    fn wake_paused(&mut self, now: Instant) {
+        let mut wake = Vec::new();
+        for paused in self.paused.values_mut() {
+            if paused.until <= now && paused.probe.is_none() {
+                if let Some(show) = paused.parked.pop() {
+                    wake.push(show);
+                }
+            }
+        }
+        for show in wake {
+            self.set(&show, now, true);
+        }
+    }
+
+    /// A sweep of `show` on `master` came to `swept` at `now`. Answered: it
+    /// expired `holds`, and the show is due again at `next`, or earlier if
+    /// it was scheduled for earlier while the sweep ran, or at once if Redis
+    /// meanwhile said a record expired whose hold the sweep did not expire;
+    /// a pause of its master ends. Failed: the master's sweeps pause (or
+    /// pause longer, when this one was trying it again), and the show waits
+    /// for the pause to end.
+    pub(super) fn finish(
+        &mut self,
+        show: &ShowId,
+        master: &Arc<str>,
+        swept: Swept,
+        now: Instant,
+    ) -> Option<PauseChange> {
+        let meanwhile = self.running.remove(show).unwrap_or_default();
+        let Swept::Done { next, holds } = swept else {
+            // What Redis said meanwhile is still to do: the show stays due.
+            return self.failed(show, master, now);
+        };
+        for hold in &holds {
+            self.expired.insert(now, *hold);
+        }
+        let unswept = meanwhile.records.iter().any(|r| !holds.contains(r));
+        let at = [next, meanwhile.at, unswept.then_some(now)]
+            .into_iter()
+            .flatten()
+            .min();
+        if let Some(at) = at {
+            self.set(show, at, true);
+        }
+        let paused = self.paused.remove(master)?;
+        Some(self.resume(paused, now))
+    }
+
+    /// A sweep of `show` on `master` failed: see [`Due::finish`].
+    fn failed(&mut self, show: &ShowId, master: &Arc<str>, now: Instant) -> Option<PauseChange> {
+        match self.paused.get_mut(master) {
+            Some(paused) => {
+                if paused.probe.as_ref() == Some(show) {
+                    paused.probe = None;
+                    paused.pause = (paused.pause * 2).min(PAUSE_MAX);
+                    paused.until = now + paused.pause;
+                }
+                paused.parked.push(show.clone());
+                None
+            }
+            None => {
+                self.paused.insert(
+                    Arc::clone(master),
+                    Paused {
+                        until: now + PAUSE_FIRST,
+                        pause: PAUSE_FIRST,
+                        probe: None,
+                        parked: vec![show.clone()],
+                    },
+                );
+                Some(PauseChange::Paused)
+            }
+        }
+    }
+
+    /// Ends a pause: its parked shows are due now.
+    fn resume(&mut self, paused: Paused, now: Instant) -> PauseChange {
+        let parked = paused.parked.len();
+        for show in paused.parked {
+            self.set(&show, now, true);
+        }
+        PauseChange::Resumed { parked }
+    }
+
+    /// The slot map changed: the pauses of nodes that are no longer masters
+    /// end (their slots are served by others now).
+    pub(super) fn masters_changed(&mut self, masters: &[String], now: Instant) -> usize {
+        let gone: Vec<Arc<str>> = self
+            .paused
+            .keys()
+            .filter(|addr| !masters.iter().any(|m| m.as_str() == &***addr))
+            .cloned()
+            .collect();
+        for addr in &gone {
+            if let Some(paused) = self.paused.remove(addr) {
+                self.resume(paused, now);
+            }
+        }
+        gone.len()
+    }
+
+    /// When the next show is due, or a master's pause ends.
+    pub(super) fn first(&self) -> Option<Instant> {
+        let pauses = self
+            .paused
+            .values()
+            .filter(|p| p.probe.is_none() && !p.parked.is_empty())
+            .map(|p| p.until);
+        self.order
+            .first()
+            .map(|(at, _)| *at)
+            .into_iter()
+            .chain(pauses)
+            .min()
+    }
+
+    /// Shows waiting for their time (not being swept, not parked).
+    pub(super) fn waiting(&self) -> usize {
+        self.by_show.len()
+    }
+
+    /// Shows this instance sweeps (waiting, being swept, or parked).
+    pub(super) fn len(&self) -> usize {
+        self.by_show.len()
+            + self.running.len()
+            + self.paused.values().map(|p| p.parked.len()).sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn show(s: &str) -> ShowId {
+        ShowId::parse(s).expect("a show id")
+    }
+
+    /// Every show on master "m".
+    fn one_master(_: &ShowId) -> Arc<str> {
+        Arc::from("m")
+    }
+
+    /// Shows whose id starts with "x" on master "x", the others on "m".
+    fn two_masters(show: &ShowId) -> Arc<str> {
+        Arc::from(if show.as_str().starts_with('x') {
+            "x"
+        } else {
+            "m"
+        })
+    }
+
+    fn started(due: &mut Due, now: Instant, n: usize) -> Vec<ShowId> {
+        due.start(now, n, one_master)
+            .into_iter()
+            .map(|(show, _)| show)
+            .collect()
+    }
+
+    fn done(due: &mut Due, s: &str, next: Option<Instant>, holds: &[u64], now: Instant) {
+        let swept = Swept::Done {
+            next,
+            holds: holds.to_vec(),
+        };
+        assert_eq!(due.finish(&show(s), &Arc::from("m"), swept, now), None);
+    }
+
+    #[test]
+    fn due_shows_start_in_deadline_order_and_only_once() {
+        let now = Instant::now();
+        let ms = |n: u64| now + Duration::from_millis(n);
+        let mut due = Due::default();
+        assert!(due.set(&show("b"), ms(20), true));
+        assert!(due.set(&show("a"), ms(10), true));
+        assert!(!due.set(&show("c"), ms(500), true));
+        // Only an earlier time moves a show with only_earlier.
+        assert!(!due.set(&show("a"), ms(30), true));
+        assert_eq!(started(&mut due, ms(25), 8), [show("a"), show("b")]);
+        assert_eq!(due.len(), 3);
+        // Running shows are not started again, nor are they the next
+        // deadline, whatever is scheduled for them meanwhile.
+        assert!(!due.set(&show("a"), ms(0), false));
+        assert_eq!(due.first(), Some(ms(500)));
+        assert!(started(&mut due, ms(100), 8).is_empty());
+        assert_eq!(due.len(), 3);
+        // Their sweeps answer: the earlier of the answer and what was
+        // scheduled meanwhile wins; an empty index without any is gone.
+        done(&mut due, "a", Some(ms(1_000)), &[], ms(100));
+        done(&mut due, "b", None, &[], ms(100));
+        assert_eq!(due.len(), 2);
+        assert_eq!(due.first(), Some(ms(0)));
+        assert_eq!(started(&mut due, ms(600), 1), [show("a")]);
+        assert_eq!(started(&mut due, ms(600), 8), [show("c")]);
+        done(&mut due, "a", None, &[], ms(600));
+        done(&mut due, "c", Some(ms(2_000)), &[], ms(600));
+        assert_eq!(due.len(), 1);
+        assert_eq!(due.first(), Some(ms(2_000)));
+    }
+
+    #[test]
+    fn expired_records_need_a_sweep_only_for_holds_not_swept() {
+        let now = Instant::now();
+        let ms = |n: u64| now + Duration::from_millis(n);
+        let mut due = Due::default();
+        due.set(&show("a"), ms(0), true);
+        assert_eq!(started(&mut due, ms(0), 8), [show("a")]);
+        // Notifications during the sweep wait for its answer.
+        assert!(!due.record_expired(&show("a"), 7, ms(1)));
+        assert!(!due.record_expired(&show("a"), 8, ms(1)));
+        // It expired hold 7 but not 8: sweep again at once.
+        done(&mut due, "a", None, &[7], ms(2));
+        assert_eq!(due.first(), Some(ms(2)));
+        assert_eq!(started(&mut due, ms(2), 8), [show("a")]);
+        done(&mut due, "a", None, &[8], ms(3));
+        assert_eq!(due.len(), 0);
+        // Later notifications of holds it expired need nothing; of others,
+        // a sweep.
+        assert!(!due.record_expired(&show("a"), 7, ms(4)));
+        assert!(!due.record_expired(&show("b"), 8, ms(4)));
+        assert!(due.record_expired(&show("a"), 9, ms(4)));
+        // A show due within SWEEP_SOON needs nothing more; later, it does.
+        due.set(&show("c"), ms(30), true);
+        assert!(!due.record_expired(&show("c"), 10, ms(4)));
+        due.set(&show("d"), ms(500), true);
+        assert!(due.record_expired(&show("d"), 11, ms(4)));
+        // It forgets after REMEMBER to twice that.
+        let later = now + REMEMBER * 2 + Duration::from_millis(10);
+        assert!(due.record_expired(&show("a"), 7, later));
+    }
+
+    #[test]
+    fn a_failed_sweep_pauses_its_master_and_one_show_tries_again() {
+        let now = Instant::now();
+        let ms = |n: u64| now + Duration::from_millis(n);
+        let m: Arc<str> = Arc::from("m");
+        let mut due = Due::default();
+        for s in ["a", "b", "c", "xa"] {
+            due.set(&show(s), ms(0), true);
+        }
+        let first = due.start(ms(0), 2, two_masters);
+        assert_eq!(
+            first,
+            [(show("a"), Arc::clone(&m)), (show("b"), Arc::clone(&m))]
+        );
+        // The first failure pauses master m; one in flight meanwhile is
+        // parked without making the pause longer.
+        assert_eq!(
+            due.finish(&show("a"), &m, Swept::Failed, ms(1)),
+            Some(PauseChange::Paused)
+        );
+        assert_eq!(due.finish(&show("b"), &m, Swept::Failed, ms(2)), None);
+        // Its other due shows are parked; another master's are not.
+        assert_eq!(
+            due.start(ms(3), 8, two_masters),
+            [(show("xa"), Arc::from("x"))]
+        );
+        assert_eq!(due.len(), 4);
+        // The pause ends 250 ms after the failure: one show tries.
+        assert_eq!(due.first(), Some(ms(1) + PAUSE_FIRST));
+        assert!(due.start(ms(200), 8, two_masters).is_empty());
+        let probe = due.start(ms(251), 8, two_masters);
+        assert_eq!(probe.len(), 1);
+        let (probe, _) = probe.into_iter().next().expect("a probe");
+        assert!(due.start(ms(251), 8, two_masters).is_empty());
+        // It fails too: twice the pause.
+        assert_eq!(due.finish(&probe, &m, Swept::Failed, ms(260)), None);
+        assert_eq!(due.first(), Some(ms(260) + PAUSE_FIRST * 2));
+        assert!(due.start(ms(700), 8, two_masters).is_empty());
+        let (probe, _) = due.start(ms(760), 8, two_masters)[0].clone();
+        // Now it answers: the pause ends and every parked show is due.
+        let swept = Swept::Done {
+            next: None,
+            holds: Vec::new(),
+        };
+        assert_eq!(
+            due.finish(&probe, &m, swept, ms(770)),
+            Some(PauseChange::Resumed { parked: 2 })
+        );
+        let mut rest: Vec<ShowId> = due
+            .start(ms(770), 8, two_masters)
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect();
+        rest.sort();
+        let mut want = vec![show("a"), show("b"), show("c")];
+        want.retain(|s| *s != probe);
+        assert_eq!(rest, want);
+        // The pause is capped.
+        due.finish(&rest[0], &m, Swept::Failed, ms(800));
+        for i in 0..10u64 {
+            let at = due.first().expect("a pause");
+            let (p, _) = due.start(at, 8, two_masters)[0].clone();
+            due.finish(&p, &m, Swept::Failed, at + Duration::from_millis(i));
+        }
+        let at = due.first().expect("a pause");
+        assert!(at <= ms(800) + PAUSE_MAX * 11 + Duration::from_millis(100));
+        // A slot map without master m ends its pause (the other show of
+        // `rest` is still being swept).
+        assert_eq!(due.masters_changed(&["x".to_owned()], at), 1);
+        let again = due.start(at, 8, two_masters);
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].0, rest[0]);
+    }
+}
