@@ -256,23 +256,6 @@ fn describe() {
         "Expiry subscriptions lost and made again."
     );
     describe_counter!(
-        EVENTS,
-        "Events this instance wrote to the shows' streams, by type."
-    );
-    describe_gauge!(
-        EVENT_SUBSCRIBERS,
-        "Event-stream (SSE) subscribers connected to this instance."
-    );
-    describe_histogram!(
-        EVENT_DELIVERY,
-        Unit::Seconds,
-        "Time from an event (its stream id, Redis's clock) to its write to a subscriber."
-    );
-    describe_gauge!(
-        EVENT_READERS,
-        "Shows whose event stream this instance reads (one reader per show)."
-    );
-    describe_counter!(
         EVENT_SUBSCRIBERS_DROPPED,
         "Event subscribers disconnected because they stopped reading or fell too far behind."
     );
@@ -347,9 +330,6 @@ pub fn register_zeroes() {
         DIRECT_CONNECTIONS,
         MASTERS,
         EXPIRY_SUBSCRIPTIONS,
-        EVENT_SUBSCRIBERS,
-        EVENT_READERS,
-        SWEPT_SHOWS,
     ] {
         metrics::gauge!(gauge).set(0.0);
     }
