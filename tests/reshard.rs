@@ -118,12 +118,7 @@ async fn client(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holds_and_releases_ride_out_a_reshard_under_load() {
     let s = server().await;
-    s.wait_metric(
-        "seathold_redis_direct_connections",
-        3.0,
-        Duration::from_secs(5),
-    )
-    .await;
+    s.wait_direct(Duration::from_secs(5)).await;
     let source = cluster().master_port_for_slot(0).await.expect("slot 0");
     let target = cluster()
         .master_port_for_slot(16383)

@@ -62,12 +62,7 @@ async fn moved_slots_are_followed_without_a_failed_request() {
     let masters = master_ports().await;
     assert_eq!(masters.len(), 3);
     // The direct connections open right after the first successful probe.
-    s.wait_metric(
-        "seathold_redis_direct_connections",
-        3.0,
-        Duration::from_secs(5),
-    )
-    .await;
+    s.wait_direct(Duration::from_secs(5)).await;
     let keyspace = seathold::keys::KeySpace::new("seat-hold:");
     let before = s.metric(FALLBACKS).await;
 
@@ -151,12 +146,7 @@ async fn moved_slots_are_followed_without_a_failed_request() {
 #[tokio::test]
 async fn concurrent_scripts_share_writes_and_keep_their_own_answers() {
     let s = server().await;
-    s.wait_metric(
-        "seathold_redis_direct_connections",
-        3.0,
-        Duration::from_secs(5),
-    )
-    .await;
+    s.wait_direct(Duration::from_secs(5)).await;
     let sh = show("batched");
     let foreign = format!("seat-hold:{{show:{sh}}}:X0");
     let master = cluster()

@@ -37,12 +37,7 @@ async fn quiet_server() -> TestServer {
         Duration::from_secs(10),
     )
     .await;
-    s.wait_metric(
-        "seathold_redis_direct_connections",
-        3.0,
-        Duration::from_secs(10),
-    )
-    .await;
+    s.wait_direct(Duration::from_secs(10)).await;
     s
 }
 

@@ -165,6 +165,13 @@ impl TestServer {
         .await;
     }
 
+    /// Waits until every master of the test cluster (3) has a direct
+    /// connection: they open right after the first successful probe.
+    pub async fn wait_direct(&self, limit: Duration) {
+        self.wait_metric("seathold_redis_direct_connections", 3.0, limit)
+            .await;
+    }
+
     /// Stops the server (graceful shutdown) and waits for it.
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {

@@ -7,13 +7,20 @@ use std::time::{Duration, Instant};
 
 use crate::common::{self, cluster, options, server_with, show};
 
-#[tokio::test]
-async fn frozen_redis_answers_503_in_time_and_recovers_by_itself() {
-    let _serial = common::exclusive().await;
+/// Options with a 1 s Redis timeout, so that these tests wait little on a
+/// cluster that is gone; the confirm wait must stay below it (a longer one
+/// is refused at start).
+fn short_timeouts() -> seathold::config::Options {
     let mut opts = options();
     opts.redis_timeout_ms = 1_000;
     opts.confirm_wait_timeout_ms = 500;
-    let s = server_with(opts).await;
+    opts
+}
+
+#[tokio::test]
+async fn frozen_redis_answers_503_in_time_and_recovers_by_itself() {
+    let _serial = common::exclusive().await;
+    let s = server_with(short_timeouts()).await;
     let sh = show("frozen");
     s.hold(&sh, &["before"]).await;
 
@@ -93,9 +100,7 @@ async fn starts_before_the_cluster_and_becomes_ready_when_it_appears() {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let mut opts = options();
-    opts.redis_timeout_ms = 1_000;
-    opts.confirm_wait_timeout_ms = 500;
+    let opts = short_timeouts();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(seathold::server::run(opts, listener, async {
         let _ = stopped.await;
@@ -167,10 +172,7 @@ async fn starts_before_the_cluster_and_becomes_ready_when_it_appears() {
 #[tokio::test]
 async fn sweeps_pause_while_the_cluster_is_gone_and_resume_after() {
     let _serial = common::exclusive().await;
-    let mut opts = options();
-    opts.redis_timeout_ms = 1_000;
-    opts.confirm_wait_timeout_ms = 500;
-    let s = server_with(opts).await;
+    let s = server_with(short_timeouts()).await;
     const SHOWS: usize = 40;
     let failures = "seathold_sweep_failures_total";
     for i in 0..SHOWS {
