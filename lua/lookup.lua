@@ -15,7 +15,13 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local done = KEYS[3] and redis.call('GET', KEYS[3])
 local record = redis.call('GET', KEYS[1])
 if record and string.match(record, '^%d') then
-  return {1, redis.call('PTTL', KEYS[1]), now, record, done}
+  -- From the expiry itself, not PTTL: PTTL reads the clock again, and when
+  -- it has moved to the next millisecond since TIME, now + PTTL is 1 ms
+  -- short of the expiry that the hold's other answers give.
+  local at = redis.call('PEXPIRETIME', KEYS[1])
+  local pttl = at
+  if at >= 0 then pttl = math.max(at - now, 0) end
+  return {1, pttl, now, record, done}
 end
 if ARGV[1] == '1' then
   record = redis.call('GET', KEYS[2])
