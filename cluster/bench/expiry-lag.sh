@@ -20,13 +20,7 @@ connections=${CONNECTIONS:-50} port=${PORT:-18090}
 source "$here/dev.sh"
 start_dev "$bin" "$port"
 
-cat >"$work/hold.lua" <<EOF
-dofile("$here/common.lua")
-function request()
-   return wrk.format("POST", "/v1/shows/" .. random_show() .. "/seats/" .. random_seat() .. "/hold",
-      {["content-type"] = "application/json"}, '{"ttlMs":$ttl}')
-end
-EOF
+ttl_hold_lua "$ttl"
 echo "holds of $ttl ms on random shows, $connections connections, ${duration} s:"
 BENCH_RUN="lag$RANDOM" BENCH_SHOWS=1000000 \
   wrk -t2 -c"$connections" -d"${duration}s" -s "$work/hold.lua" "http://127.0.0.1:$port" |
@@ -37,12 +31,7 @@ curl -fs "http://127.0.0.1:$port/metrics" |
   awk '/^seathold_holds_total |^seathold_hold_expiries_total / { printf "  %s %s\n", $1, $2 }'
 # Sweeps: sweep.lua calls TIME once a run; nothing else on this path does,
 # but a scan of the masters, once per page that finds deadline indexes.
-sweeps=0
-for p in "${masters[@]}"; do
-  n=$(redis-cli -p "$p" info commandstats | grep -o 'cmdstat_time:calls=[0-9]*' | cut -d= -f2 || true)
-  sweeps=$((sweeps + ${n:-0}))
-done
-echo "  sweeps (TIME calls on the masters): $sweeps"
+echo "  sweeps (TIME calls on the masters): $(master_calls time)"
 
 # head closes the SCAN early (SIGPIPE): not a failure here.
 set +o pipefail

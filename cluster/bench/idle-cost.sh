@@ -18,28 +18,6 @@ load=${LOAD:-15} idle=${IDLE:-20} port=${PORT:-18091}
 # shellcheck source=cluster/bench/dev.sh
 source "$here/dev.sh"
 start_dev "$bin" "$port"
-pids=()
-for p in "${masters[@]}"; do pids+=("$(pgrep -f "redis-server 127.0.0.1:$p")"); done
-
-# ticks: user + system clock ticks of the masters, summed.
-ticks() {
-  local sum=0 pid fields
-  for pid in "${pids[@]}"; do
-    read -r -a fields <"/proc/$pid/stat"
-    sum=$((sum + fields[13] + fields[14]))
-  done
-  echo "$sum"
-}
-# scripts: EVALSHA calls of the masters, summed.
-scripts() {
-  local sum=0 p n
-  for p in "${masters[@]}"; do
-    n=$(redis-cli -p "$p" info commandstats | grep -o 'cmdstat_evalsha:calls=[0-9]*' | cut -d= -f2 || true)
-    sum=$((sum + ${n:-0}))
-  done
-  echo "$sum"
-}
-
 BENCH_RUN="idle$RANDOM" BENCH_SHOWS=1000000 \
   wrk -t2 -c50 -d"${load}s" -s "$here/hold1.lua" "http://127.0.0.1:$port" |
   awk -v d="$load" '/requests in/ { printf "load: %d holds in %d s on random shows\n", $1, d }'
@@ -48,9 +26,9 @@ shows=0
 for p in "${masters[@]}"; do
   shows=$((shows + $(redis-cli -p "$p" --scan --pattern '*#deadlines' | wc -l)))
 done
-t0=$(ticks) s0=$(scripts)
+t0=$(master_ticks) s0=$(master_calls evalsha)
 sleep "$idle"
-t1=$(ticks) s1=$(scripts)
+t1=$(master_ticks) s1=$(master_calls evalsha)
 hz=$(getconf CLK_TCK)
 awk -v shows="$shows" -v t=$((t1 - t0)) -v hz="$hz" -v idle="$idle" -v s=$((s1 - s0)) 'BEGIN {
   printf "idle %d s with %d shows holding seats: masters %.2f%% of one core together, %.0f EVALSHA/s\n",

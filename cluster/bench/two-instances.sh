@@ -27,54 +27,25 @@ SEATHOLD_LOG=warn "$bin" serve --listen "127.0.0.1:$second" --redis-nodes "${nod
   >"$work/second.out" 2>&1 &
 second_pid=$!
 trap 'kill -INT "$second_pid" 2>/dev/null || true; wait "$second_pid" 2>/dev/null || true; stop_dev' EXIT
-for _ in $(seq 300); do
-  curl -fs "http://127.0.0.1:$second/readyz" >/dev/null 2>&1 && break
-  sleep 0.1
-done
+wait_ready "$second"
 
-# Calls of one command on the masters, summed.
-calls() {
-  local sum=0 p n
-  for p in "${masters[@]}"; do
-    n=$(redis-cli -p "$p" info commandstats | grep -o "cmdstat_$1:calls=[0-9]*" | cut -d= -f2 || true)
-    sum=$((sum + ${n:-0}))
-  done
-  echo "$sum"
-}
-# CPU ticks (user + system) of the masters, summed.
-ticks() {
-  local sum=0 p pid f
-  for p in "${masters[@]}"; do
-    pid=$(pgrep -f "redis-server 127.0.0.1:$p" | head -n 1)
-    f=$(cat "/proc/$pid/stat")
-    f=${f##*) }
-    read -r -a a <<<"$f"
-    sum=$((sum + a[11] + a[12]))
-  done
-  echo "$sum"
-}
 metric() {
   curl -fs "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 == m { print $2 }'
 }
 
-cat >"$work/hold.lua" <<EOF
-dofile("$here/common.lua")
-function request()
-   return wrk.format("POST", "/v1/shows/" .. random_show() .. "/seats/" .. random_seat() .. "/hold",
-      {["content-type"] = "application/json"}, '{"ttlMs":$ttl}')
-end
-EOF
-evalsha0=$(calls evalsha) zrange0=$(calls zrange) ticks0=$(ticks)
+ttl_hold_lua "$ttl"
+evalsha0=$(master_calls evalsha) zrange0=$(master_calls zrange) ticks0=$(master_ticks)
 echo "holds of $ttl ms on random shows, made on one of two instances, $connections connections, ${duration} s:"
 BENCH_RUN="two$RANDOM" BENCH_SHOWS=1000000 \
   wrk -t2 -c"$connections" -d"${duration}s" -s "$work/hold.lua" "http://127.0.0.1:$port" >/dev/null
 sleep $((ttl / 1000 + 4))
-evalsha=$(($(calls evalsha) - evalsha0)) zrange=$(($(calls zrange) - zrange0))
-cpu=$(($(ticks) - ticks0))
+evalsha=$(($(master_calls evalsha) - evalsha0)) zrange=$(($(master_calls zrange) - zrange0))
+cpu=$(($(master_ticks) - ticks0))
 holds=$(metric "$port" seathold_holds_total)
 holds=${holds%.*}
 # Every EVALSHA is a hold or a sweep; every sweep calls ZRANGE once.
 sweeps=$((evalsha - holds))
 echo "  holds: $holds; expiries written: $(metric "$port" seathold_hold_expiries_total) (first instance) + $(metric "$second" seathold_hold_expiries_total) (second)"
 echo "  runs of sweep.lua: $sweeps; reads of deadlines (ZRANGE beyond the sweeps' own): $((zrange - sweeps))"
-awk -v t="$cpu" -v h="$holds" 'BEGIN { printf "  masters: %.2f s of CPU, %.0f us per hold with its expiry\n", t / 100, t / 100 / h * 1e6 }'
+awk -v t="$cpu" -v hz="$(getconf CLK_TCK)" -v h="$holds" 'BEGIN {
+  printf "  masters: %.2f s of CPU, %.0f us per hold with its expiry\n", t / hz, t / hz / h * 1e6 }'
