@@ -754,6 +754,47 @@ async fn expiries_keep_pace_with_an_on_sale() {
     );
 }
 
+/// 40 holds of 1 s on 40 shows, made on the first of `instances` instances
+/// that share a key prefix of their own (they hear of no other test's
+/// keys), run out. Answers the calls of each command on the masters from the
+/// last hold until every `expired` event is written and Redis has notified
+/// (2 s more), and the expiries each instance wrote. After the holds the
+/// only scripts run are sweeps (a scan of the masters runs none, and
+/// nothing here polls events).
+async fn forty_expiries(tag: &str, instances: usize) -> (BTreeMap<String, u64>, Vec<f64>) {
+    let base = show(tag);
+    let prefix = format!("{base}:");
+    let mut daemons = Vec::new();
+    for _ in 0..instances {
+        daemons.push(Daemon::start(&["--key-prefix", prefix.as_str()]).await);
+    }
+    let api = Api::new(&daemons[0].base);
+    for i in 0..40 {
+        api.hold(&format!("{base}-{i}"), &["E1".to_owned()], 1_000)
+            .await;
+    }
+    let before = common::command_stats().await;
+    let written = || async {
+        let mut per = Vec::new();
+        for d in &daemons {
+            per.push(metric(d, "seathold_hold_expiries_total").await);
+        }
+        per
+    };
+    eventually(Duration::from_secs(5), "40 expiries", || async {
+        written().await.iter().sum::<f64>() >= 40.0
+    })
+    .await;
+    // Redis deletes expired records within a second or so and notifies.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let after = common::command_stats().await;
+    let mut calls = BTreeMap::new();
+    for ((_, command), stat) in common::stats_delta(&before, &after) {
+        *calls.entry(command).or_default() += stat[0];
+    }
+    (calls, written().await)
+}
+
 /// Each of an instance's own holds costs one sweep when it expires: Redis's
 /// notification that the hold's record expired comes after the sweep wrote
 /// the event, and the instance knows it needs no second sweep. (Answering
@@ -762,36 +803,14 @@ async fn expiries_keep_pace_with_an_on_sale() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_own_expiry_costs_one_sweep() {
     let _alone = common::exclusive().await;
-    let base = show("once");
-    // A key prefix of its own: the instance hears of no other test's keys.
-    let prefix = format!("{base}:");
-    let d = Daemon::start(&["--key-prefix", prefix.as_str()]).await;
-    let api = Api::new(&d.base);
-    let shows: Vec<String> = (0..40).map(|i| format!("{base}-{i}")).collect();
-    for sh in &shows {
-        api.hold(sh, &["O1".to_owned()], 1_000).await;
-    }
-    // From now on the only scripts run are sweeps (a scan of the masters
-    // runs none, and nothing here polls events).
-    let before = common::command_stats().await;
-    eventually(Duration::from_secs(5), "40 expiries", || async {
-        metric(&d, "seathold_hold_expiries_total").await >= 40.0
-    })
-    .await;
-    // Redis deletes expired records within a second or so and notifies.
-    tokio::time::sleep(Duration::from_millis(2_000)).await;
-    let after = common::command_stats().await;
-    let sweeps: u64 = common::stats_delta(&before, &after)
-        .iter()
-        .filter(|((_, command), _)| command == "evalsha")
-        .map(|(_, stat)| stat[0])
-        .sum();
+    let (calls, written) = forty_expiries("once", 1).await;
+    let sweeps = calls.get("evalsha").copied().unwrap_or(0);
     eprintln!("own expiries: 40 holds on 40 shows expired in {sweeps} sweeps");
     assert!(
         (40..=50).contains(&sweeps),
         "{sweeps} sweeps for the expiries of 40 holds on 40 shows"
     );
-    assert_eq!(metric(&d, "seathold_hold_expiries_total").await, 40.0);
+    assert_eq!(written, [40.0]);
 }
 
 /// With two instances each expiry still costs one sweep: the instance that
@@ -803,37 +822,10 @@ async fn an_own_expiry_costs_one_sweep() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_instance_hearing_an_expiry_reads_instead_of_sweeping() {
     let _alone = common::exclusive().await;
-    let base = show("heard");
-    // A key prefix of their own: the instances hear of no other test's keys.
-    let prefix = format!("{base}:");
-    let maker = Daemon::start(&["--key-prefix", prefix.as_str()]).await;
-    let other = Daemon::start(&["--key-prefix", prefix.as_str()]).await;
-    let api = Api::new(&maker.base);
-    for i in 0..40 {
-        api.hold(&format!("{base}-{i}"), &["H1".to_owned()], 1_000)
-            .await;
-    }
-    let before = common::command_stats().await;
-    let expiries = || async {
-        metric(&maker, "seathold_hold_expiries_total").await
-            + metric(&other, "seathold_hold_expiries_total").await
-    };
-    eventually(Duration::from_secs(5), "40 expiries", || async {
-        expiries().await >= 40.0
-    })
-    .await;
-    // Redis deletes expired records within a second or so and notifies.
-    tokio::time::sleep(Duration::from_millis(2_000)).await;
-    let after = common::command_stats().await;
-    let calls = |name: &str| -> u64 {
-        common::stats_delta(&before, &after)
-            .iter()
-            .filter(|((_, command), _)| command == name)
-            .map(|(_, stat)| stat[0])
-            .sum()
-    };
+    let (calls, written) = forty_expiries("heard", 2).await;
+    let count = |name: &str| calls.get(name).copied().unwrap_or(0);
     // Each run of sweep.lua also calls ZRANGE once (the next deadline).
-    let (sweeps, reads) = (calls("evalsha"), calls("zrange") - calls("evalsha"));
+    let (sweeps, reads) = (count("evalsha"), count("zrange") - count("evalsha"));
     eprintln!("two instances: 40 holds on 40 shows expired in {sweeps} sweeps and {reads} reads");
     assert!(
         (40..=50).contains(&sweeps),
@@ -843,7 +835,7 @@ async fn another_instance_hearing_an_expiry_reads_instead_of_sweeping() {
         reads >= 30,
         "the other instance read {reads} deadlines for 40 notified expiries"
     );
-    assert_eq!(expiries().await, 40.0);
+    assert_eq!(written.iter().sum::<f64>(), 40.0);
 }
 
 /// Holds that run out while no instance runs get their `expired` event, once,
