@@ -4,7 +4,12 @@
 # next to a raw SET NX PX; on one throwaway redis-server, with
 # redis-benchmark (50 connections). CPU per call is INFO cpu (user + sys)
 # over the run divided by the calls: it includes the server's network work,
-# as the raw SET's does. Redis settings can follow the file, e.g.
+# as the raw SET's does; "inside" is the time the command itself took
+# (INFO commandstats usec_per_call of EVALSHA, or of SET for the raw SET),
+# without the network work. The line "four bare calls" is a script that
+# makes the four calls of an events-on hold (SET NX PX, XADD, SET NX PX,
+# ZADD) with constant arguments and nothing else: the least any script
+# with those four calls costs. Redis settings can follow the file, e.g.
 #   cluster/bench/lua-cost.sh [HOLD_LUA] [-- --stream-node-max-bytes 1024]
 # Needs redis-server, redis-cli, redis-benchmark and bc.
 set -euo pipefail
@@ -31,13 +36,22 @@ bench() {
   local name=$1 t0 t1 rate
   shift
   cli flushall >/dev/null
+  cli config resetstat >/dev/null
   t0=$(cpu)
   rate=$(redis-benchmark -p "$port" -c 50 -n "$n" -r 1000000000 --csv "$@" | tail -n 1 | awk -F'"' '{ print int($4) }')
   t1=$(cpu)
-  printf '%-22s %9s/s %8.1f us per call\n' "$name" "$rate" "$(echo "($t1 - $t0) * 1000000 / $n" | bc -l)"
+  inside=$(cli info commandstats | awk -F'[:,=]' -v c="cmdstat_$(echo "$1" | tr '[:upper:]' '[:lower:]')" \
+    '$1 == c { for (i = 2; i < NF; i++) if ($i == "usec_per_call") print $(i + 1) }')
+  printf '%-22s %9s/s %8.1f us per call, %5.1f us inside\n' "$name" "$rate" \
+    "$(echo "($t1 - $t0) * 1000000 / $n" | bc -l)" "${inside:-0}"
 }
 
 sha=$(cli script load "$(cat "$lua")")
+bare=$(cli script load "redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', 10000, '*', 't', 'held', 'r', 'x', 's', 'E7', 'l', ARGV[2])
+redis.call('SET', KEYS[1], 'x', 'NX', 'PX', ARGV[2])
+redis.call('ZADD', KEYS[3], 1, 'x')
+return 1")
 token=0e0a8b44-1b7c-4f0e-9d7a-3c2c59d6a111
 ref=0123456789abcdef
 # hold.lua's arguments for one seat, no pool, no holder, no idempotency key:
@@ -48,6 +62,8 @@ off=("$token" 300000 1 s x/E7 '' 86400000 0 10000 "$ref" 1 0 0 0)
 echo "EVALSHA of $lua, $n calls per line, redis $(redis-server --version | awk '{ print $3 }')"
 for ((r = 1; r <= rounds; r++)); do
   bench "raw SET NX PX" SET 'k:{s__rand_int__}:E7' "$token" NX PX 300000
+  bench "four bare calls" EVALSHA "$bare" 4 'h:{s1}:hold:__rand_int__' 'h:{s1}:E__rand_int__' \
+    'h:{s1}#deadlines' 'h:{s1}#events' "$token" 300000
   bench "events on, one show" EVALSHA "$sha" 4 'h:{s1}:hold:__rand_int__' 'h:{s1}:E__rand_int__' \
     'h:{s1}#deadlines' 'h:{s1}#events' "${on[@]}"
   bench "events on, new shows" EVALSHA "$sha" 4 'h:{s__rand_int__}:hold:x' 'h:{s__rand_int__}:E7' \
