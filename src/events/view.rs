@@ -11,7 +11,9 @@
 //! - a hold one of whose seats it knows to be sold, or held with an expiry
 //!   safely in the future on Redis's clock, with the same 409 Redis would
 //!   give, when it knows the state of every seat of the request;
-//! - a read of seats whose states it all knows.
+//! - a read of seats it knows to be sold, or held safely beyond the lag
+//!   bound; a seat its events left free is read from Redis, since a writer
+//!   outside seathold may have taken it since (see [`SeatView::states`]).
 //!
 //! It never grants: a request that may succeed always goes to Redis. It only
 //! answers while its reader is current, that is when the reader's last XREAD
@@ -21,7 +23,7 @@
 //! few milliseconds ago may still be refused for up to that bound, exactly
 //! as if another customer had won it. Writers outside seathold (a raw
 //! `SET`/`DEL` on the seat keys) write no events; the view does not see
-//! them.
+//! them, which is why it never answers "free".
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -290,10 +292,10 @@ impl SeatView {
         now_ms() as i64 + ahead.max(0)
     }
 
-    /// The states of `seats`, when the view is current and knows them all;
-    /// a hold that ends within the lag bound counts as unknown (Redis
-    /// decides).
-    pub fn states(&self, seats: &[SeatId]) -> Option<Vec<State>> {
+    /// What the view knows of `seats` while it is current: `Some` for a
+    /// seat it has seen an event of (or learned from Redis), `None` for one
+    /// it has not, or whose hold ends within the lag bound (Redis decides).
+    fn known(&self, seats: &[SeatId]) -> Option<Vec<Option<State>>> {
         self.last_used.store(now_ms(), Ordering::Relaxed);
         if !self.is_current() {
             return None;
@@ -301,15 +303,37 @@ impl SeatView {
         let now = self.redis_now();
         let margin = i64::try_from(self.max_lag_ms).unwrap_or(i64::MAX);
         let state = self.lock();
-        seats
-            .iter()
-            .map(|seat| match state.seats.get(seat.as_str())?.0 {
-                Known::Free => Some(State::Free),
-                Known::Sold => Some(State::Sold),
-                Known::Held(until) if until - now > margin => Some(State::Held(Some(until - now))),
-                Known::Held(_) => None,
-            })
-            .collect()
+        Some(
+            seats
+                .iter()
+                .map(|seat| match state.seats.get(seat.as_str())?.0 {
+                    Known::Free => Some(State::Free),
+                    Known::Sold => Some(State::Sold),
+                    Known::Held(until) if until - now > margin => {
+                        Some(State::Held(Some(until - now)))
+                    }
+                    Known::Held(_) => None,
+                })
+                .collect(),
+        )
+    }
+
+    /// The states of `seats` a read may be answered with, `None` for each
+    /// seat Redis must answer; `None` in all when the reader is not
+    /// current. Only taken seats (sold, or held safely beyond the lag
+    /// bound) are answered: a seat the events left free may have been
+    /// taken since by a writer outside seathold (the reference design's raw
+    /// `SET ... NX PX`, which writes no event), or by this instance's own
+    /// hold whose event the reader has not read yet. A read never says
+    /// "free" from the view, as a hold never succeeds from it.
+    pub fn states(&self, seats: &[SeatId]) -> Option<Vec<Option<State>>> {
+        let mut known = self.known(seats)?;
+        for state in &mut known {
+            if *state == Some(State::Free) {
+                *state = None;
+            }
+        }
+        Some(known)
     }
 
     /// The position to pass to [`SeatView::learn`] for a request sent to
@@ -375,7 +399,7 @@ impl SeatView {
     /// The taken seats of a hold of `seats`, when the view can tell for
     /// sure that the hold would be refused; `None` sends it to Redis.
     pub fn refusal(&self, seats: &[SeatId]) -> Option<Vec<(SeatId, State)>> {
-        let states = self.states(seats)?;
+        let states: Vec<State> = self.known(seats)?.into_iter().collect::<Option<_>>()?;
         let taken: Vec<(SeatId, State)> = seats
             .iter()
             .cloned()
@@ -430,9 +454,11 @@ mod tests {
         assert!(view.refusal(&[seat("B1")]).is_none());
         // Released, and a modify that gives E8 back.
         view.apply(&event("modified", &["E7"], "r1", Some(later)));
-        assert_eq!(view.states(&[seat("E8")]), Some(vec![State::Free]));
+        assert_eq!(view.known(&[seat("E8")]), Some(vec![Some(State::Free)]));
+        // A read of a seat known free goes to Redis.
+        assert_eq!(view.states(&[seat("E8")]), Some(vec![None]));
         view.apply(&event("confirmed", &["E7"], "r1", None));
-        assert_eq!(view.states(&[seat("E7")]), Some(vec![State::Sold]));
+        assert_eq!(view.states(&[seat("E7")]), Some(vec![Some(State::Sold)]));
         // Learned from a 409 of Redis: known from then on, unless an event
         // changed the seat after the request was sent.
         let before = view.position();
@@ -441,7 +467,7 @@ mod tests {
         let stale = view.position();
         view.apply(&event("released", &["C1"], "r9", None));
         view.learn(stale, &[(seat("C1"), State::Sold)]);
-        assert_eq!(view.states(&[seat("C1")]), Some(vec![State::Free]));
+        assert_eq!(view.known(&[seat("C1")]), Some(vec![Some(State::Free)]));
         // A hold learned from the deadline index that gives a seat back.
         let before = view.position();
         let later = now_ms() as i64 + 60_000;
@@ -455,7 +481,7 @@ mod tests {
         );
         assert!(view.refusal(&[seat("M2")]).is_some());
         view.apply(&event("modified", &["M1"], "r7", Some(later)));
-        assert_eq!(view.states(&[seat("M2")]), Some(vec![State::Free]));
+        assert_eq!(view.known(&[seat("M2")]), Some(vec![Some(State::Free)]));
         // A late expiry of an earlier hold of a seat held again.
         let first = now_ms() as i64 + 300;
         view.apply(&event("held", &["D1"], "r10", Some(first)));
@@ -463,7 +489,7 @@ mod tests {
         view.apply(&event("expired", &["D1"], "r10", Some(first)));
         assert!(view.refusal(&[seat("D1")]).is_some());
         view.apply(&event("expired", &["D1"], "r11", Some(later)));
-        assert_eq!(view.states(&[seat("D1")]), Some(vec![State::Free]));
+        assert_eq!(view.known(&[seat("D1")]), Some(vec![Some(State::Free)]));
         // A reader that fell behind: nothing is answered.
         current.store(now_ms() - 1_000, Ordering::Relaxed);
         assert!(view.refusal(&[seat("E7")]).is_none());

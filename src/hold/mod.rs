@@ -182,22 +182,30 @@ impl Service {
         seats: &[SeatId],
     ) -> Result<Vec<State>, Error> {
         self.check_count(seats.len())?;
-        if let Some(states) = self.view(show).and_then(|v| v.states(seats)) {
+        let mut states = self
+            .view(show)
+            .and_then(|v| v.states(seats))
+            .unwrap_or_else(|| vec![None; seats.len()]);
+        let ask: Vec<usize> = (0..seats.len()).filter(|&i| states[i].is_none()).collect();
+        if ask.is_empty() {
             metrics::counter!(m::VIEW_ANSWERS, "kind" => "read").increment(1);
-            return Ok(states);
+            return Ok(states.into_iter().flatten().collect());
         }
-        let key_list: Vec<String> = seats.iter().map(|s| self.keys.seat(show, s)).collect();
+        let key_list: Vec<String> = ask
+            .iter()
+            .map(|&i| self.keys.seat(show, &seats[i]))
+            .collect();
         let reply: Vec<i64> = self
             .cluster
             .eval(deadline, &self.cluster.scripts().seats, &key_list, |_| {})
             .await?;
-        if reply.len() != 2 * seats.len() {
+        if reply.len() != 2 * ask.len() {
             return Err(Error::Internal("bad reply of seats.lua".into()));
         }
-        Ok(reply
-            .chunks_exact(2)
-            .map(|c| State::from_reply(c[0], c[1]))
-            .collect())
+        for (&i, c) in ask.iter().zip(reply.chunks_exact(2)) {
+            states[i] = Some(State::from_reply(c[0], c[1]));
+        }
+        Ok(states.into_iter().flatten().collect())
     }
 }
 
