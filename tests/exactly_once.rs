@@ -1639,3 +1639,103 @@ async fn fences_follow_redis_time_and_stay_js_safe() {
         "{o} {n} > {fm}"
     );
 }
+
+/// A hold with a key whose script ran but whose reply was lost with
+/// seathold's own connection: seathold sends the script again (over the
+/// cluster connection), and the resend finds the first run's idempotency
+/// record. That record names this very request's token (a client's own
+/// repeat would have made a new one), so the answer is the first run's:
+/// 201 without `Idempotent-Replayed`, and the hold is counted. Before,
+/// the client's only request was answered as a replay and never counted.
+///
+/// The master is kept busy for 400 ms by a script of this test; meanwhile
+/// the hold's script arrives, and then the kill of every connection the
+/// daemon has to that master. Redis runs them in that order once free,
+/// and the kill drops the hold's reply before it is written. Whether the
+/// hold's first run came before the kill is read from the master's count
+/// of `EVALSHA`s (two runs); the attempts where it did not prove nothing
+/// and are repeated, up to 6.
+#[tokio::test]
+async fn hold_resent_by_the_daemon_after_a_lost_reply_is_not_a_replay() {
+    let _x = EXCLUSIVE.write().await;
+    let s = server_with(options()).await;
+    s.wait_direct(Duration::from_secs(10)).await;
+    let mut proved = 0;
+    for attempt in 0..6 {
+        let sh = show("resent");
+        let master = master_of(&sh).await;
+        s.hold(&sh, &["W0"]).await;
+        let mut blocker = common::node(master).await;
+        let mut killer = common::node(master).await;
+        let ours: Vec<i64> = vec![
+            redis::cmd("CLIENT")
+                .arg("ID")
+                .query_async(&mut blocker)
+                .await
+                .expect("CLIENT ID"),
+            redis::cmd("CLIENT")
+                .arg("ID")
+                .query_async(&mut killer)
+                .await
+                .expect("CLIENT ID"),
+        ];
+        // The daemon's connections to the master (not the replica's link).
+        let theirs: Vec<i64> = common::client_list(master)
+            .await
+            .iter()
+            .filter(|c| c.get("flags").is_some_and(|f| f == "N"))
+            .filter_map(|c| c.get("id")?.parse().ok())
+            .filter(|id| !ours.contains(id))
+            .collect();
+        let holds0 = s.metric("seathold_holds_total").await;
+        let evalsha0 = calls(master).await.get("evalsha").copied().unwrap_or(0);
+        let busy = tokio::spawn(async move {
+            let _: RValue = redis::cmd("EVAL")
+                .arg(
+                    "local t = redis.call('TIME') local s = t[1] * 1e6 + t[2] \
+                     repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - s > 400000 return 1",
+                )
+                .arg(0)
+                .query_async(&mut blocker)
+                .await
+                .unwrap_or(RValue::Nil);
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let key = idem_key("resent");
+        let path = format!("/v1/shows/{sh}/seats/R1/hold");
+        let kill = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let mut pipe = redis::pipe();
+            for id in &theirs {
+                pipe.cmd("CLIENT").arg("KILL").arg("ID").arg(*id).ignore();
+            }
+            let _: RValue = pipe.query_async(&mut killer).await.unwrap_or(RValue::Nil);
+        };
+        let (reply, ()) = tokio::join!(send(&s, "POST", &path, None, Some(&key)), kill);
+        busy.await.expect("busy script");
+        assert_eq!(reply.status, 201, "attempt {attempt}: {reply:?}");
+        let runs = calls(master).await.get("evalsha").copied().unwrap_or(0) - evalsha0;
+        if runs < 2 {
+            continue;
+        }
+        proved += 1;
+        assert!(
+            !reply.replayed,
+            "attempt {attempt}: the client's only request answered as a replay: {reply:?}"
+        );
+        assert_eq!(
+            s.metric("seathold_holds_total").await - holds0,
+            1.0,
+            "attempt {attempt}: the hold is counted once"
+        );
+        // The client's own repeat is the replay, of the same hold.
+        let again = send(&s, "POST", &path, None, Some(&key)).await;
+        assert_eq!((again.status, again.replayed), (201, true), "{again:?}");
+        assert_eq!(token_of(&again.body), token_of(&reply.body));
+        break;
+    }
+    assert!(
+        proved > 0,
+        "no attempt ran the hold's script before the kill"
+    );
+}

@@ -76,16 +76,27 @@ impl Service {
         let reply = reply?;
         if let (Some(recorded), Some(idem)) = (replay_of(&reply), idem) {
             let recorded = Recorded::parse(&recorded, idem)?;
-            return self.replay_hold(deadline, home, contents, &recorded).await;
+            // The token is this request's own: the record is of this very
+            // request's first run, whose answer was lost with its
+            // connection before seathold sent the script again (the
+            // client's own repeat makes a new token). Answered, counted
+            // and swept as the first run would have been.
+            let own = recorded.fields.first().map(String::as_str) == Some(token.as_str());
+            if own {
+                self.granted(&contents, &tail, &shows, ttl);
+            }
+            let hold = self
+                .replay_hold(deadline, home, contents, &recorded)
+                .await?;
+            return Ok(if own {
+                Answer::fresh(hold)
+            } else {
+                Answer::replayed(hold)
+            });
         }
         match ints(&reply).unwrap_or_default().as_slice() {
             [1, fence, pttl, now] => {
-                count(m::HOLDS, 1);
-                count(m::SEATS_HELD, contents.seats.len() as u64);
-                let units: u64 = contents.pools.iter().map(|p| u64::from(p.quantity)).sum();
-                count(m::POOL_UNITS_HELD, units);
-                tail.count_events("held");
-                self.schedule_sweep(&shows, ttl);
+                self.granted(&contents, &tail, &shows, ttl);
                 Ok(Answer::fresh(Hold::new(
                     token,
                     home.clone(),
@@ -222,6 +233,16 @@ impl Service {
         Ok(())
     }
 
+    /// Counts a granted hold and schedules the sweep of its shows.
+    fn granted(&self, contents: &Contents, tail: &Tail, shows: &[ShowId], ttl: u64) {
+        count(m::HOLDS, 1);
+        count(m::SEATS_HELD, contents.seats.len() as u64);
+        let units: u64 = contents.pools.iter().map(|p| u64::from(p.quantity)).sum();
+        count(m::POOL_UNITS_HELD, units);
+        tail.count_events("held");
+        self.schedule_sweep(shows, ttl);
+    }
+
     /// A hold's recorded outcome `201 <token> <fence> <at>`, answered again
     /// with the hold's current remaining time while it lives.
     async fn replay_hold(
@@ -230,7 +251,7 @@ impl Service {
         home: &ShowId,
         contents: Contents,
         recorded: &Recorded,
-    ) -> Result<Answer<Hold>, Error> {
+    ) -> Result<Hold, Error> {
         let token = HoldToken::parse(recorded.fields.first().map_or("", String::as_str))?;
         let (fence, at) = (recorded.int(1)?, recorded.int(2)?);
         let lookup = self.lookup(deadline, home, &token, None, false).await?;
@@ -238,14 +259,14 @@ impl Service {
             Found::Hold(rec) => rec.pttl,
             _ => (at - lookup.now_ms).max(0),
         };
-        Ok(Answer::replayed(Hold::new(
+        Ok(Hold::new(
             token,
             home.clone(),
             contents,
             fence,
             pttl,
             lookup.now_ms,
-        )))
+        ))
     }
 
     /// Releases (or forestalls) in the background the hold `token` whose
