@@ -1,7 +1,12 @@
 //! Redis's own keyspace events of expired hold records: with events on, a
 //! hint that wakes the sweeper of the record's show (see
 //! [`crate::events::sweep`], which writes the `expired` event and counts it);
-//! with `--events off`, the count of expired holds itself.
+//! with `--events off`, the count of expired holds itself. Every instance
+//! hears every expiry, so with events off the instance that counts one is
+//! the one whose `SET <prefix>{show:<show>}#expired:<token> 1 NX PX 60000`
+//! succeeds: the sum over instances is the number of expiries heard. (A
+//! claim lost in a failover may let a second instance count the same
+//! expiry; a claim that fails leaves it uncounted.)
 //!
 //! Keyspace notifications are node-local: each master publishes the keys it
 //! expires on its own `__keyevent@0__:expired` channel, and nothing is
@@ -193,7 +198,7 @@ async fn session(
                 if let Some((show, token)) = shared.keys.parse_hold_record(key) {
                     match &shared.sweeper {
                         Some(sweeper) => sweeper.record_expired(show, token),
-                        None => metrics::counter!(m::HOLD_EXPIRIES).increment(1),
+                        None => count_once(shared, show, token),
                     }
                 }
             }
@@ -208,6 +213,38 @@ async fn session(
             }
         }
     }
+}
+
+/// How long the claim of an expiry is kept: every instance hears the
+/// notification within moments, or never (pub/sub keeps nothing).
+const CLAIM_MS: u64 = 60_000;
+
+/// With `--events off`: counts the expiry of hold `token` of `show` when
+/// this instance is the first to claim it (see the module's text).
+fn count_once(shared: &Shared, show: &str, token: &str) {
+    let Ok(mut conn) = shared.cluster.conn() else {
+        return;
+    };
+    let key = shared.keys.expiry_claim(show, token);
+    let timeout = shared.cluster.timeout();
+    tokio::spawn(async move {
+        let claim = async {
+            let claimed: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(1)
+                .arg("NX")
+                .arg("PX")
+                .arg(CLAIM_MS)
+                .query_async(&mut conn)
+                .await?;
+            Ok::<_, crate::error::Error>(claimed.is_some())
+        };
+        match Deadline::after(timeout).within(claim).await {
+            Ok(true) => metrics::counter!(m::HOLD_EXPIRIES).increment(1),
+            Ok(false) => {}
+            Err(err) => tracing::debug!(%key, error = %err, "cannot claim an expiry; not counted"),
+        }
+    });
 }
 
 /// Makes sure the master emits the events: `E` (keyevent channel) with `x`

@@ -113,6 +113,17 @@ impl KeySpace {
         self.record(show.as_ref(), "sale", token.as_ref())
     }
 
+    /// `<prefix>{show:<show>}#expired:<token>`: with `--events off`, the
+    /// claim of the instance that counts the expiry of hold `token` (see
+    /// [`crate::expiry`]).
+    pub fn expiry_claim(
+        &self,
+        show: &(impl AsRef<str> + ?Sized),
+        token: &(impl AsRef<str> + ?Sized),
+    ) -> String {
+        self.record(show.as_ref(), "expired", token.as_ref())
+    }
+
     /// `<prefix>{show:<show>}#idem:<key>`: the outcome recorded under an
     /// idempotency key, scoped to the request's home show.
     pub fn idempotency(&self, show: &(impl AsRef<str> + ?Sized), key: &str) -> String {

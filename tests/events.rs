@@ -795,6 +795,35 @@ async fn forty_expiries(tag: &str, instances: usize) -> (BTreeMap<String, u64>, 
     (calls, written().await)
 }
 
+/// With `--events off` no script writes a record of an expiry, and every
+/// instance hears every expiry from Redis: the instance that claims it
+/// counts it. Two instances, 20 holds of 1 s on 20 shows: their
+/// `seathold_hold_expiries_total` add up to 20 (each counted all 20, 40 in
+/// all, before the claim).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiries_with_events_off_are_counted_once_across_instances() {
+    let base = show("off-count");
+    let prefix = format!("{base}:");
+    let flags = ["--events", "off", "--key-prefix", prefix.as_str()];
+    let d = [Daemon::start(&flags).await, Daemon::start(&flags).await];
+    let api = Api::new(&d[0].base);
+    for i in 0..20 {
+        api.hold(&format!("{base}-{i}"), &["E1".to_owned()], 1_000)
+            .await;
+    }
+    let counted = || async {
+        metric(&d[0], "seathold_hold_expiries_total").await
+            + metric(&d[1], "seathold_hold_expiries_total").await
+    };
+    eventually(Duration::from_secs(10), "20 expiries counted", || async {
+        counted().await >= 20.0
+    })
+    .await;
+    // Every notification has arrived well within this.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(counted().await, 20.0, "20 expiries over two instances");
+}
+
 /// Each of an instance's own holds costs one sweep when it expires: Redis's
 /// notification that the hold's record expired comes after the sweep wrote
 /// the event, and the instance knows it needs no second sweep. (Answering
