@@ -251,9 +251,9 @@ pub struct Options {
     #[arg(long, env = "SEATHOLD_MAX_PER_HOLDER", default_value_t = 0)]
     pub max_per_holder: u64,
 
-    /// When set, every write route (POST and DELETE under /v1) needs
-    /// `Authorization: Bearer <token>`; reads, health and metrics stay
-    /// open. Prefer the environment variable to the flag.
+    /// When set, every write route (POST, PUT, PATCH and DELETE under /v1)
+    /// needs `Authorization: Bearer <token>`; reads, health and metrics
+    /// stay open. Prefer the environment variable to the flag.
     #[arg(long, env = "SEATHOLD_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,
 

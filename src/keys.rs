@@ -263,9 +263,11 @@ mod tests {
         assert_eq!(slot(b"123456789"), 0x31c3 % SLOTS);
         assert_eq!(slot(b"foo"), 12182);
         assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
-        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
+        // An empty tag: the whole key is hashed (CRC16 of all of it).
+        assert_eq!(slot(b"foo{}{bar}"), 8363);
         assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
         assert_eq!(slot(b"foo{bar}{zap}"), slot(b"bar"));
-        assert_eq!(slot(b"{}"), slot(b"{}"));
+        assert_eq!(slot(b"{}"), 15257);
+        assert_eq!(slot(b"{bar"), 4015);
     }
 }

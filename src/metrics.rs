@@ -159,7 +159,7 @@ fn describe() {
     describe_counter!(SEATS_HELD, "Seats in granted holds.");
     describe_counter!(
         HOLD_CONFLICTS,
-        "Hold requests refused with 409 seats_taken."
+        "Hold requests (and changes of holds) refused with 409: seats_taken, pool_exhausted or holder_limit."
     );
     describe_counter!(
         HOLD_EXPIRIES,

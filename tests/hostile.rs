@@ -292,11 +292,39 @@ async fn api_token_guards_the_write_routes_only() {
     assert_eq!(s.get("/healthz").await.0, 200);
     assert_eq!(s.get("/readyz").await.0, 200);
     assert_eq!(s.get("/metrics").await.0, 200);
-    // DELETE is a write route.
-    assert_eq!(
-        s.call("DELETE", &format!("/v1/shows/{sh}/holds/{token}"), None)
-            .await
-            .0,
-        401
-    );
+    // DELETE, PATCH and PUT (which the contract names) are write routes.
+    let writes = [
+        ("DELETE", format!("/v1/shows/{sh}/holds/{token}"), None),
+        (
+            "PATCH",
+            format!("/v1/shows/{sh}/holds/{token}"),
+            Some(json!({"add": ["A2"]})),
+        ),
+        (
+            "PUT",
+            format!("/v1/shows/{sh}/pools/floor"),
+            Some(json!({"capacity": 5})),
+        ),
+        (
+            "PUT",
+            format!("/v1/shows/{sh}/settings"),
+            Some(json!({"maxPerHolder": 2})),
+        ),
+    ];
+    for (method, path, body) in &writes {
+        let (status, answer) = s.call(method, path, body.clone()).await;
+        assert_eq!(status, 401, "{method} {path}: {answer}");
+    }
+    // With the token, they go through.
+    for (method, path, body) in &writes[1..] {
+        let mut req = s
+            .http
+            .request(method.parse().expect("method"), format!("{}{path}", s.base))
+            .header("authorization", "Bearer s3cret-token-for-tests");
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        let r = req.send().await.expect("send");
+        assert_eq!(r.status().as_u16(), 200, "{method} {path}");
+    }
 }

@@ -296,11 +296,30 @@ fn status_label(status: StatusCode) -> &'static str {
         405 => "405",
         408 => "408",
         409 => "409",
+        410 => "410",
         413 => "413",
         415 => "415",
         422 => "422",
         500 => "500",
         503 => "503",
         _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every status the daemon answers has its own label (`other` is for
+    /// what hyper may answer by itself).
+    #[test]
+    fn every_answered_status_has_its_label() {
+        for code in [
+            200, 201, 204, 400, 401, 404, 405, 408, 409, 410, 413, 415, 422, 500, 503,
+        ] {
+            let status = StatusCode::from_u16(code).expect("status");
+            assert_eq!(status_label(status), status.as_str(), "{code}");
+        }
+        assert_eq!(status_label(StatusCode::IM_A_TEAPOT), "other");
     }
 }
