@@ -163,7 +163,7 @@ fn describe() {
     );
     describe_counter!(
         HOLD_EXPIRIES,
-        "Holds that expired without release or confirm: the expired events this instance wrote (with --events off, the keyspace expiry events it saw)."
+        "Holds that expired without release or confirm: the expired events this instance wrote (with --events off, the expiries it claimed first)."
     );
     describe_counter!(
         EVENTS,
