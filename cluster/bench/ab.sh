@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# ab.sh: two seathold builds side by side, in alternating runs: each run
+# starts a fresh `BIN dev` (cluster and daemon), sends single-seat holds
+# with wrk (cluster/bench/hold1.lua, 50 connections, 2 threads) for
+# SECONDS, and prints the answers, p50, p99 and slowest answer. The order
+# alternates (A B, B A, ...), as this machine's speed drifts by minutes.
+#   cluster/bench/ab.sh BIN_A BIN_B [RUNS [SECONDS [SHOWS]]]
+# SHOWS: distinct shows to draw from (default 1000000000: nearly every hold
+# on a new show; 0: one hot show). Defaults: 5 runs of 20 s each.
+# Needs wrk, curl, redis-server.
+set -euo pipefail
+
+a=$1 b=$2 runs=${3:-5} secs=${4:-20} shows=${5:-1000000000}
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=cluster/bench/dev.sh
+source "$here/dev.sh"
+
+one() {
+  local name=$1 bin=$2 line
+  start_dev "$bin" 18093
+  line=$(BENCH_RUN="ab$RANDOM" BENCH_SHOWS=$shows BENCH_EXPECT=201 \
+    wrk -t2 -c50 -d"${secs}s" -s "$here/hold1.lua" http://127.0.0.1:18093 | grep '^BENCH')
+  kill -INT "$dev_pid" 2>/dev/null || true
+  wait "$dev_pid" 2>/dev/null || true
+  dev_pid=
+  awk -v name="$name" -F'\t' '{
+    for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+    printf "%s  answers %8d  not 201 %d  p50 %6.2f ms  p99 %6.2f ms  slowest %7.2f ms\n",
+      name, v["requests"], v["not_ok"], v["p50_us"] / 1000, v["p99_us"] / 1000, v["max_us"] / 1000
+  }' <<<"$line"
+}
+
+for ((r = 1; r <= runs; r++)); do
+  if ((r % 2)); then
+    one A "$a"
+    one B "$b"
+  else
+    one B "$b"
+    one A "$a"
+  fi
+done
