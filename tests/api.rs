@@ -17,6 +17,7 @@ fn token(hold: &Value) -> String {
 
 #[tokio::test]
 async fn hold_read_extend_release() {
+    let _shared = common::shared().await;
     let s = server().await;
     let sh = show("life");
     let (status, hold) = s
@@ -105,6 +106,7 @@ async fn hold_read_extend_release() {
 
 #[tokio::test]
 async fn single_seat_route_and_conflict_details() {
+    let _shared = common::shared().await;
     let s = server().await;
     let sh = show("single");
     let (status, hold) = s
@@ -160,6 +162,7 @@ async fn single_seat_route_and_conflict_details() {
 
 #[tokio::test]
 async fn one_winner_among_100_concurrent_holds() {
+    let _shared = common::shared().await;
     let s = server().await;
     let sh = show("race");
     let path = format!("/v1/shows/{sh}/seats/E7/hold");
@@ -193,6 +196,7 @@ async fn one_winner_among_100_concurrent_holds() {
 
 #[tokio::test]
 async fn overlapping_multi_seat_holds_never_share_a_seat() {
+    let _shared = common::shared().await;
     let s = server().await;
     let sh = show("overlap");
     let seats: Vec<String> = (0..12).map(|i| format!("S{i}")).collect();
@@ -263,6 +267,7 @@ async fn overlapping_multi_seat_holds_never_share_a_seat() {
 
 #[tokio::test]
 async fn all_or_nothing() {
+    let _shared = common::shared().await;
     let s = server().await;
     let sh = show("aon");
     let first = s.hold(&sh, &["B2"]).await;
@@ -273,10 +278,19 @@ async fn all_or_nothing() {
         )
         .await;
     assert_eq!(status, 409, "{body}");
-    assert_eq!(
-        body["taken"],
-        json!([{"seat": "B2", "state": "held", "expiresInMs": body["taken"][0]["expiresInMs"]}])
+    // B2 was held with the default TTL: what is left of it is positive and
+    // at most that TTL.
+    let ttl = i64::try_from(common::options().default_ttl_ms).expect("ttl");
+    let mut taken = body["taken"].clone();
+    let left = taken[0]
+        .as_object_mut()
+        .and_then(|t| t.remove("expiresInMs"))
+        .and_then(|v| v.as_i64());
+    assert!(
+        left.is_some_and(|v| v > 0 && v <= ttl),
+        "expiresInMs of B2 must be an integer in 1..={ttl}: {body}"
     );
+    assert_eq!(taken, json!([{"seat": "B2", "state": "held"}]), "{body}");
     let mut r = redis().await;
     for seat in ["B1", "B3"] {
         let exists: bool = r
@@ -297,6 +311,7 @@ async fn all_or_nothing() {
 
 #[tokio::test]
 async fn stale_token_changes_nothing() {
+    let _shared = common::shared().await;
     let s = server().await;
     let sh = show("stale");
     let (status, alice) = s
@@ -351,6 +366,7 @@ async fn expire_time(r: &mut redis::cluster_async::ClusterConnection, key: &str)
 /// release frees only E8, which still carries her token.
 #[tokio::test]
 async fn a_live_hold_whose_seat_was_taken_over_changes_nothing_of_it() {
+    let _shared = common::shared().await;
     let s = server().await;
     let sh = show("takeover");
     let alice = s.hold(&sh, &["E7", "E8"]).await;
@@ -424,6 +440,7 @@ async fn a_live_hold_whose_seat_was_taken_over_changes_nothing_of_it() {
 
 #[tokio::test]
 async fn interop_with_raw_set_nx_px() {
+    let _shared = common::shared().await;
     let s = server().await;
     let sh = show("interop");
     let mut r = redis().await;
@@ -462,6 +479,7 @@ async fn interop_with_raw_set_nx_px() {
 
 #[tokio::test]
 async fn fence_strictly_increases_per_show() {
+    let _shared = common::shared().await;
     let s = server().await;
     let sh = show("fence");
     let mut fences = Vec::new();
@@ -515,6 +533,7 @@ async fn fence_strictly_increases_per_show() {
 
 #[tokio::test]
 async fn extend_past_lifetime_cap_is_refused_and_changes_nothing() {
+    let _shared = common::shared().await;
     let mut opts = common::options();
     opts.max_hold_lifetime_ms = 3_000;
     opts.max_ttl_ms = 3_000;
@@ -549,6 +568,7 @@ async fn extend_past_lifetime_cap_is_refused_and_changes_nothing() {
 
 #[tokio::test]
 async fn confirm_sells_is_idempotent_and_replicated() {
+    let _shared = common::shared().await;
     let s = server().await;
     let sh = show("sale");
     let hold = s.hold(&sh, &["D1", "D2"]).await;
@@ -620,6 +640,7 @@ async fn confirm_sells_is_idempotent_and_replicated() {
 
 #[tokio::test]
 async fn confirm_reports_missing_replication_honestly() {
+    let _shared = common::shared().await;
     let mut opts = common::options();
     opts.confirm_wait_replicas = 3; // each master has one replica
     opts.confirm_wait_timeout_ms = 200;
@@ -643,6 +664,7 @@ async fn confirm_reports_missing_replication_honestly() {
 
 #[tokio::test]
 async fn multi_show_holds_in_one_slot() {
+    let _shared = common::shared().await;
     let s = server().await;
     let ks = seathold::keys::KeySpace::new("seat-hold:");
     // Two fresh show ids whose tags fall in the same slot.
@@ -678,9 +700,20 @@ async fn multi_show_holds_in_one_slot() {
         .post("/v1/holds", json!({"seats": [{"show": b, "seat": "A1"}]}))
         .await;
     assert_eq!(status, 409);
+    // A1 of b is in the hold above, made with a TTL of 60 s.
+    let mut taken = conflict["taken"].clone();
+    let left = taken[0]
+        .as_object_mut()
+        .and_then(|t| t.remove("expiresInMs"))
+        .and_then(|v| v.as_i64());
+    assert!(
+        left.is_some_and(|v| v > 0 && v <= 60_000),
+        "expiresInMs of A1 must be an integer in 1..=60000: {conflict}"
+    );
     assert_eq!(
-        conflict["taken"][0],
-        json!({"show": b, "seat": "A1", "state": "held", "expiresInMs": conflict["taken"][0]["expiresInMs"]})
+        taken,
+        json!([{"show": b, "seat": "A1", "state": "held"}]),
+        "{conflict}"
     );
 
     // The fence of a multi-show hold exceeds both shows' last fences.
@@ -700,6 +733,7 @@ async fn multi_show_holds_in_one_slot() {
 
 #[tokio::test]
 async fn batch_seat_states() {
+    let _shared = common::shared().await;
     let s = server().await;
     let sh = show("batch");
     s.hold(&sh, &["H1"]).await;
@@ -756,6 +790,7 @@ async fn batch_seat_states() {
 
 #[tokio::test]
 async fn routes_methods_and_probes() {
+    let _shared = common::shared().await;
     let s = server().await;
     let (status, body) = s.get("/nope").await;
     common::assert_error(status, &body, 404, "not_found");
@@ -802,30 +837,74 @@ async fn routes_methods_and_probes() {
 
 #[tokio::test]
 async fn holds_survive_a_script_flush() {
+    // Alone in this binary: another test's hold (or a server starting) would
+    // load the scripts again on a flushed master, and then nothing here
+    // would show that this daemon did.
+    let _alone = common::exclusive().await;
     let s = server().await;
     let sh = show("noscript");
-    for port in common::master_ports().await {
-        let _: () = redis::cmd("SCRIPT")
-            .arg("FLUSH")
-            .query_async(&mut common::node(port).await)
-            .await
-            .expect("flush");
-    }
+    let (_, master) = common::slot_and_master(&sh).await;
+    let scripts = seathold::scripts::Scripts::embedded();
+    let sha = |script: &seathold::scripts::Script| {
+        redis::Script::new(script.body()).get_hash().to_owned()
+    };
+    let (hold_sha, confirm_sha) = (sha(&scripts.hold), sha(&scripts.confirm));
+
+    flush_scripts().await;
+    assert_eq!(
+        script_exists(master, &hold_sha).await,
+        0,
+        "the hold script is still cached on {master} after SCRIPT FLUSH"
+    );
     let t = token(&s.hold(&sh, &["R1"]).await);
+    assert_eq!(
+        script_exists(master, &hold_sha).await,
+        1,
+        "the daemon did not load the hold script again on {master}"
+    );
     assert_eq!(s.get(&format!("/v1/shows/{sh}/holds/{t}")).await.0, 200);
-    for port in common::master_ports().await {
-        let _: () = redis::cmd("SCRIPT")
-            .arg("FLUSH")
-            .query_async(&mut common::node(port).await)
-            .await
-            .expect("flush");
-    }
+
+    flush_scripts().await;
+    assert_eq!(
+        script_exists(master, &confirm_sha).await,
+        0,
+        "the confirm script is still cached on {master} after SCRIPT FLUSH"
+    );
     assert_eq!(
         s.call("POST", &format!("/v1/shows/{sh}/holds/{t}/confirm"), None)
             .await
             .0,
         200
     );
+    assert_eq!(
+        script_exists(master, &confirm_sha).await,
+        1,
+        "the daemon did not load the confirm script again on {master}"
+    );
+}
+
+/// `SCRIPT FLUSH` on every master of the test cluster (all 3 of them).
+async fn flush_scripts() {
+    let ports = common::master_ports().await;
+    assert_eq!(ports.len(), 3, "masters of the test cluster: {ports:?}");
+    for port in ports {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut common::node(port).await)
+            .await
+            .expect("flush");
+    }
+}
+
+/// `SCRIPT EXISTS <sha>` on the node at `port`: 1 when cached, else 0.
+async fn script_exists(port: u16, sha: &str) -> i64 {
+    let answer: Vec<i64> = redis::cmd("SCRIPT")
+        .arg("EXISTS")
+        .arg(sha)
+        .query_async(&mut common::node(port).await)
+        .await
+        .expect("SCRIPT EXISTS");
+    answer[0]
 }
 
 /// Runs `lua/hold.lua` itself for the seats `keys` name, under `token`.
@@ -864,6 +943,7 @@ async fn run_hold(
 /// the seats taken.
 #[tokio::test]
 async fn a_hold_resent_with_its_token_answers_as_the_first_run() {
+    let _shared = common::shared().await;
     let sh = show("resend");
     let keyspace = seathold::keys::KeySpace::new("seat-hold:");
     let mut conn = redis().await;
@@ -901,6 +981,7 @@ async fn a_hold_resent_with_its_token_answers_as_the_first_run() {
 /// happened (expiries are not part of this; see the API's version 1.1).
 #[tokio::test]
 async fn counters_summed_over_two_instances_are_the_true_figures() {
+    let _shared = common::shared().await;
     let d = [
         common::Daemon::start(&[]).await,
         common::Daemon::start(&[]).await,
@@ -1000,6 +1081,7 @@ async fn counters_summed_over_two_instances_are_the_true_figures() {
 /// document has them.
 #[tokio::test]
 async fn event_cursors_and_limits_are_checked() {
+    let _shared = common::shared().await;
     let s = server().await;
     let sh = show("cursors");
     s.hold(&sh, &["C1"]).await;
@@ -1039,6 +1121,7 @@ async fn event_cursors_and_limits_are_checked() {
 /// `ttlMs` is a JSON number without a fraction, however it is written.
 #[tokio::test]
 async fn ttl_with_a_zero_fraction_is_an_integer() {
+    let _shared = common::shared().await;
     let s = server().await;
     let sh = show("ttlfloat");
     let (status, hold) = s
@@ -1071,6 +1154,7 @@ async fn ttl_with_a_zero_fraction_is_an_integer() {
 /// 1 ms early (about one read in 200; a CI run caught it).
 #[tokio::test]
 async fn reads_give_the_exact_expiry() {
+    let _shared = common::shared().await;
     let s = server().await;
     let sh = show("exact");
     let hold = s.hold(&sh, &["X1"]).await;

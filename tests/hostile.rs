@@ -30,6 +30,7 @@ async fn read_until_close(stream: &mut TcpStream, limit: Duration) -> (String, b
 
 #[tokio::test]
 async fn slow_clients_are_cut_off() {
+    let _shared = common::shared().await;
     let mut opts = options();
     opts.header_read_timeout_ms = 500;
     let s = server_with(opts).await;
@@ -63,6 +64,10 @@ async fn slow_clients_are_cut_off() {
 
 #[tokio::test]
 async fn past_the_in_flight_limit_requests_get_a_clean_503() {
+    // Alone in this binary: it pauses a master of the shared cluster, and it
+    // reads the process-wide seathold_http_overloaded_total, which the
+    // connection-limit test below also increments.
+    let _alone = common::exclusive().await;
     let mut opts = options();
     opts.max_in_flight = 2;
     opts.header_read_timeout_ms = 3_000;
@@ -96,6 +101,7 @@ async fn past_the_in_flight_limit_requests_get_a_clean_503() {
         .await
         .expect("master of the slot");
     let mut master = common::node(port).await;
+    let overloaded_before = s.metric("seathold_http_overloaded_total").await;
     let () = redis::cmd("CLIENT")
         .arg("PAUSE")
         .arg(1500)
@@ -133,11 +139,11 @@ async fn past_the_in_flight_limit_requests_get_a_clean_503() {
     // Probes are never refused.
     assert_eq!(s.get("/healthz").await.0, 200);
     assert_eq!(s.get("/readyz").await.0, 200);
-    assert!(s
-        .metrics()
-        .await
-        .lines()
-        .any(|l| l.starts_with("seathold_http_overloaded_total") && !l.ends_with(" 0")));
+    let overloaded_after = s.metric("seathold_http_overloaded_total").await;
+    assert!(
+        overloaded_after - overloaded_before >= 1.0,
+        "seathold_http_overloaded_total went from {overloaded_before} to {overloaded_after}"
+    );
     // The paused holds finish when the pause ends, and free their slots.
     for w in waiting {
         assert_eq!(w.await.expect("task").expect("answer"), 201);
@@ -157,6 +163,7 @@ async fn past_the_in_flight_limit_requests_get_a_clean_503() {
 
 #[tokio::test]
 async fn past_the_connection_limit_a_new_connection_gets_503_and_is_closed() {
+    let _shared = common::shared().await;
     let mut opts = options();
     opts.max_connections = 3;
     let s = server_with(opts).await;
@@ -207,6 +214,7 @@ async fn past_the_connection_limit_a_new_connection_gets_503_and_is_closed() {
 
 #[tokio::test]
 async fn garbage_on_the_wire_never_crashes_the_server() {
+    let _shared = common::shared().await;
     let s = server_with(options()).await;
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let heads: [&[u8]; 8] = [
@@ -245,6 +253,7 @@ async fn garbage_on_the_wire_never_crashes_the_server() {
 
 #[tokio::test]
 async fn api_token_guards_the_write_routes_only() {
+    let _shared = common::shared().await;
     let mut opts = options();
     opts.api_token = Some("s3cret-token-for-tests".into());
     let s = server_with(opts).await;

@@ -281,7 +281,7 @@ async fn a_fresh_daemon_shows_every_metric_and_its_process() {
     let rss = value("process_resident_memory_bytes");
     assert!(rss > 1e6 && rss < 1e9, "RSS {rss}");
     assert!(value("process_open_fds") >= 3.0);
-    assert!(value("process_cpu_seconds_total") >= 0.0);
+    let cpu_before = value("process_cpu_seconds_total");
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
@@ -290,6 +290,39 @@ async fn a_fresh_daemon_shows_every_metric_and_its_process() {
     assert!(
         (now - started).abs() < 120.0,
         "started at {started}, now {now}"
+    );
+    // The CPU counter follows the process's CPU time: a burst of scrapes
+    // moves it (it counts in clock ticks, so one scrape alone may not), and
+    // never past the wall-clock time since the start on every core.
+    let cpu_of = |text: &str| -> f64 {
+        scrape(text)
+            .get("process_cpu_seconds_total")
+            .copied()
+            .unwrap_or_else(|| panic!("process_cpu_seconds_total missing:\n{text}"))
+    };
+    let mut cpu = cpu_before;
+    for _ in 0..100 {
+        for _ in 0..20 {
+            scrape_text().await;
+        }
+        cpu = cpu_of(&scrape_text().await);
+        if cpu > cpu_before {
+            break;
+        }
+    }
+    assert!(
+        cpu > cpu_before,
+        "process_cpu_seconds_total stayed at {cpu_before} through 2,100 scrapes"
+    );
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let lived = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64()
+        - started;
+    assert!(
+        cpu <= (lived + 1.0) * cores,
+        "{cpu} s of CPU in {lived} s on {cores} cores"
     );
     let _ = child.kill().await;
 }

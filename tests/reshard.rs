@@ -9,6 +9,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,17 +21,35 @@ const MOVED_SLOTS: u16 = 101;
 const LOAD: Duration = Duration::from_secs(5);
 const BUSY_SEATS: usize = 20;
 
+/// The `redis-cli` on PATH; panics with how to install it when there is
+/// none (tests never skip silently).
+fn redis_cli() -> PathBuf {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join("redis-cli"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "redis-cli is not on PATH; the resharding test runs `redis-cli --cluster \
+                 reshard`: install it (Debian/Ubuntu: `sudo apt-get install redis-tools`; \
+                 macOS: `brew install redis`)"
+            )
+        })
+}
+
 /// `redis-cli --cluster reshard` of the lowest `MOVED_SLOTS` slots of `from`.
 async fn reshard(from: u16, to: u16) {
     let (from_id, to_id) = (node_id(from).await, node_id(to).await);
-    let out = tokio::process::Command::new("/usr/bin/redis-cli")
+    let cli = redis_cli();
+    let out = tokio::process::Command::new(&cli)
         .args(["--cluster", "reshard", &format!("127.0.0.1:{from}")])
         .args(["--cluster-from", &from_id, "--cluster-to", &to_id])
         .args(["--cluster-slots", &MOVED_SLOTS.to_string(), "--cluster-yes"])
         .stdin(std::process::Stdio::null())
         .output()
         .await
-        .expect("run redis-cli");
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", cli.display()));
     assert!(
         out.status.success(),
         "redis-cli --cluster reshard {from} -> {to}: {}\n{}",
@@ -117,6 +136,8 @@ async fn client(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holds_and_releases_ride_out_a_reshard_under_load() {
+    // Without redis-cli, fail at once with how to install it, before the load.
+    redis_cli();
     let s = server().await;
     s.wait_direct(Duration::from_secs(5)).await;
     let source = cluster().master_port_for_slot(0).await.expect("slot 0");

@@ -58,6 +58,9 @@ async fn move_empty_slot(slot: u16, from: u16, to: u16) {
 
 #[tokio::test]
 async fn moved_slots_are_followed_without_a_failed_request() {
+    // Alone in this binary: it moves slots, and it reads the process-wide
+    // fallback counter (see common::exclusive).
+    let _alone = common::exclusive().await;
     let s = server().await;
     let masters = master_ports().await;
     assert_eq!(masters.len(), 3);
@@ -145,6 +148,10 @@ async fn moved_slots_are_followed_without_a_failed_request() {
 /// type fails only the holds of that seat, with the 500 it always gave.
 #[tokio::test]
 async fn concurrent_scripts_share_writes_and_keep_their_own_answers() {
+    // Alone in this binary: the direct write and script counters are
+    // process-wide, and the holds of the slot-moving test above (one script
+    // per write) would move them too.
+    let _alone = common::exclusive().await;
     let s = server().await;
     s.wait_direct(Duration::from_secs(5)).await;
     let sh = show("batched");

@@ -265,6 +265,13 @@ async fn confirmed_sales_survive_a_master_crash() {
         acked.len()
     );
     assert_eq!(waits, 200, "one WAIT per confirm on the master");
+    // The load ran: holds were acknowledged beside the confirms. How many of
+    // them the crash lost is only printed: with asynchronous replication,
+    // any number up to all of them is within the contract.
+    assert!(
+        !acked.is_empty(),
+        "the plain-hold load never had a hold acknowledged"
+    );
     assert!(
         lost_sales.is_empty(),
         "confirmed sales lost: {lost_sales:?}"
