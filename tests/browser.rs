@@ -27,13 +27,6 @@ const INSTALL: &str = "the browser tests need Chromium and chromedriver on PATH:
 /// The key of an element reference in WebDriver answers.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
-fn on_path(names: &[&str]) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .flat_map(|dir| names.iter().map(move |n| dir.join(n)))
-        .find(|p| p.is_file())
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -52,9 +45,9 @@ struct ChromeDriver {
 
 impl ChromeDriver {
     async fn start() -> Self {
-        let driver = on_path(&["chromedriver"])
+        let driver = common::on_path(&["chromedriver"])
             .unwrap_or_else(|| panic!("no chromedriver on PATH; {INSTALL}"));
-        let browser = on_path(&["chromium", "chromium-browser"])
+        let browser = common::on_path(&["chromium", "chromium-browser"])
             .unwrap_or_else(|| panic!("no chromium on PATH; {INSTALL}"));
         let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let child = Command::new(driver)

@@ -21,18 +21,12 @@ fn asset(rel: &str) -> String {
 
 /// The `prometheus` server binary on PATH.
 fn prometheus_binary() -> PathBuf {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("prometheus"))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "the `prometheus` server is not on PATH: install it (Debian/Ubuntu: \
-                 `sudo apt-get install prometheus`, then `sudo systemctl disable --now \
-                 prometheus`; or the release tarball from prometheus.io)"
-            )
-        })
+    common::required(
+        "prometheus",
+        "the scrape test runs the Prometheus server: install it (Debian/Ubuntu: \
+         `sudo apt-get install prometheus`, then `sudo systemctl disable --now prometheus`; \
+         or the release tarball from prometheus.io)",
+    )
 }
 
 /// `cluster/prometheus.yml` scraping only `target`, every second.

@@ -24,18 +24,11 @@ const BUSY_SEATS: usize = 20;
 /// The `redis-cli` on PATH; panics with how to install it when there is
 /// none (tests never skip silently).
 fn redis_cli() -> PathBuf {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("redis-cli"))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "redis-cli is not on PATH; the resharding test runs `redis-cli --cluster \
-                 reshard`: install it (Debian/Ubuntu: `sudo apt-get install redis-tools`; \
-                 macOS: `brew install redis`)"
-            )
-        })
+    common::required(
+        "redis-cli",
+        "the resharding test runs `redis-cli --cluster reshard`: install it \
+         (Debian/Ubuntu: `sudo apt-get install redis-tools`; macOS: `brew install redis`)",
+    )
 }
 
 /// `redis-cli --cluster reshard` of the lowest `MOVED_SLOTS` slots of `from`.

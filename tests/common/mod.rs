@@ -791,3 +791,38 @@ pub fn show_where(tag: &str, wanted: impl Fn(u16) -> bool) -> String {
 pub fn slot_of(show: &str) -> u16 {
     seathold::keys::KeySpace::new("seat-hold:").show_slot(show)
 }
+
+/// The first of `names` found on PATH.
+pub fn on_path(names: &[&str]) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|dir| names.iter().map(move |n| dir.join(n)))
+        .find(|p| p.is_file())
+}
+
+/// `name` on PATH, or a panic that says what needs it and how to install
+/// it (`why`): tests never skip silently.
+pub fn required(name: &str, why: &str) -> std::path::PathBuf {
+    on_path(&[name]).unwrap_or_else(|| panic!("`{name}` is not on PATH; {why}"))
+}
+
+/// The `taken` list of a 409 with each `expiresInMs` taken out, after
+/// checking that it is an integer from 1 to `ttl_ms` (what is left of a
+/// hold of that TTL): the rest can then be compared exactly.
+pub fn taken_without_expiry(body: &Value, ttl_ms: i64) -> Value {
+    let mut taken = body["taken"].clone();
+    for seat in taken.as_array_mut().into_iter().flatten() {
+        if seat["state"] != "held" {
+            continue;
+        }
+        let left = seat
+            .as_object_mut()
+            .and_then(|t| t.remove("expiresInMs"))
+            .and_then(|v| v.as_i64());
+        assert!(
+            left.is_some_and(|v| v > 0 && v <= ttl_ms),
+            "expiresInMs of {seat} must be an integer in 1..={ttl_ms}: {body}"
+        );
+    }
+    taken
+}
