@@ -291,6 +291,21 @@ impl Sse {
         }
     }
 
+    /// `n` events (waiting up to 10 s for each), then any more that arrive
+    /// within 200 ms: a count that must be exact neither ends early on one
+    /// slow event (on a busy machine) nor misses an extra one.
+    async fn take(&mut self, n: usize) -> Vec<Value> {
+        let mut out = Vec::new();
+        while out.len() < n {
+            match self.event(Duration::from_secs(10)).await {
+                Some((_, e)) => out.push(e),
+                None => break,
+            }
+        }
+        out.extend(self.drain(Duration::from_millis(200)).await);
+        out
+    }
+
     /// Every event that arrives within `quiet` of the one before.
     async fn drain(&mut self, quiet: Duration) -> Vec<Value> {
         let mut out = Vec::new();
@@ -807,9 +822,24 @@ async fn expiries_with_events_off_are_counted_once_across_instances() {
     let flags = ["--events", "off", "--key-prefix", prefix.as_str()];
     let d = [Daemon::start(&flags).await, Daemon::start(&flags).await];
     let api = Api::new(&d[0].base);
+    let keys = seathold::keys::KeySpace::new(prefix.as_str());
+    let mut records = Vec::new();
     for i in 0..20 {
-        api.hold(&format!("{base}-{i}"), &["E1".to_owned()], 1_000)
-            .await;
+        let sh = format!("{base}-{i}");
+        let hold = api.hold(&sh, &["E1".to_owned()], 1_000).await;
+        let token = hold["holdToken"].as_str().expect("holdToken");
+        records.push(keys.hold_record(&sh, token));
+    }
+    // Redis notifies an expiry when it deletes the key: on access, or when
+    // its background cycle samples it, which on a keyspace full of other
+    // tests' long holds can take many seconds. Reading each record once
+    // its TTL is over deletes it now (what is tested is the count).
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let mut r = common::redis().await;
+    for key in &records {
+        let _: bool = redis::AsyncCommands::exists(&mut r, key)
+            .await
+            .expect("EXISTS");
     }
     let counted = || async {
         metric(&d[0], "seathold_hold_expiries_total").await
@@ -1050,7 +1080,7 @@ async fn sse_delivers_held_fast_in_contract_frames() {
         204
     );
     let kinds: Vec<(String, String)> = sub
-        .drain(Duration::from_millis(500))
+        .take(5)
         .await
         .iter()
         .map(|e| {
@@ -1113,7 +1143,7 @@ async fn sse_resumes_with_exactly_the_missed_events() {
     let (_, sub) = sse(&d.base, &sh, "", None).await;
     let mut sub = sub.expect("subscribed");
     holds(&api, &sh, "A", 5, LONG_TTL).await;
-    let seen = sub.drain(Duration::from_millis(300)).await;
+    let seen = sub.take(5).await;
     assert_eq!(seen.len(), 5);
     // The client saw three, then went away.
     let last = seen[2]["id"].as_str().expect("id").to_owned();
@@ -1133,7 +1163,7 @@ async fn sse_resumes_with_exactly_the_missed_events() {
         let (status, sub) = sse(&d.base, &sh, &query, header).await;
         assert_eq!(status, 200, "{how}");
         let mut sub = sub.expect("subscribed");
-        let got = sub.drain(Duration::from_millis(300)).await;
+        let got = sub.take(missed.len()).await;
         assert_eq!(
             got.iter().collect::<Vec<_>>(),
             missed,
@@ -1166,17 +1196,17 @@ async fn sse_resumes_with_exactly_the_missed_events() {
         let (_, sub) = sse(&d.base, &sh, &format!("?after={after}"), None).await;
         let mut sub = sub.expect("subscribed");
         writer.await.expect("writer");
-        let got: Vec<String> = sub
-            .drain(Duration::from_millis(500))
-            .await
-            .iter()
-            .map(|e| e["id"].as_str().unwrap_or("").to_owned())
-            .collect();
         let want: Vec<String> = api
             .all_events(&sh)
             .await
             .iter()
             .skip(1)
+            .map(|e| e["id"].as_str().unwrap_or("").to_owned())
+            .collect();
+        let got: Vec<String> = sub
+            .take(want.len())
+            .await
+            .iter()
             .map(|e| e["id"].as_str().unwrap_or("").to_owned())
             .collect();
         assert_eq!(want.len(), 60);
@@ -1232,10 +1262,7 @@ async fn cursor_older_than_the_stream_is_410() {
     let (status, sub) = sse(&d.base, &sh, "", Some(last_kept_cursor)).await;
     assert_eq!(status, 200);
     assert_eq!(
-        sub.expect("subscribed")
-            .drain(Duration::from_millis(300))
-            .await
-            .len(),
+        sub.expect("subscribed").take(kept.len() - 1).await.len(),
         kept.len() - 1
     );
     // "0-0" means "whatever is kept": never 410.
@@ -1297,10 +1324,7 @@ async fn a_rewritten_multi_show_event_expires_no_cursor() {
     assert_eq!(events[0]["seats"], json!(["A1"]));
     let (status, sub) = sse(&d.base, &a, "", Some(&cursor)).await;
     assert_eq!(status, 200);
-    let got = sub
-        .expect("subscribed")
-        .drain(Duration::from_millis(300))
-        .await;
+    let got = sub.expect("subscribed").take(1).await;
     assert_eq!(got.len(), 1);
     assert_eq!(got[0]["holdRef"], json!(hold_ref(&both)));
 }
