@@ -757,11 +757,22 @@ async fn batch_seat_states() {
         (format!("/v1/shows/{sh}/seats"), "invalid_request"),
         (format!("/v1/shows/{sh}/seats/B:1"), "invalid_seat"),
         ("/v1/shows/a%7Bb/seats/A1".to_owned(), "invalid_show"),
+        // Empty ids (API.md: "empty ... is rejected with 400").
+        ("/v1/shows//seats/A1".to_owned(), "invalid_show"),
     ];
     for (path, code) in cases {
         let (status, body) = s.get(&path).await;
         common::assert_error(status, &body, 400, code);
     }
+    let (status, body) = s.post("/v1/shows//holds", json!({"seats": ["A1"]})).await;
+    common::assert_error(status, &body, 400, "invalid_show");
+    let (status, body) = s
+        .call("POST", &format!("/v1/shows/{sh}/seats//hold"), None)
+        .await;
+    common::assert_error(status, &body, 400, "invalid_seat");
+    // A trailing slash is no route.
+    let (status, body) = s.get(&format!("/v1/shows/{sh}/seats/")).await;
+    common::assert_error(status, &body, 404, "not_found");
     // The message names the offending id.
     let (_, body) = s.get(&format!("/v1/shows/{sh}/seats/B:1")).await;
     assert!(

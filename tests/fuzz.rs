@@ -185,9 +185,10 @@ fn expected(method: &str, path: &str, ctype: Option<&str>, body: &[u8]) -> Expec
         })
         .collect();
     let segs: Vec<&str> = decoded.iter().map(|s| s.as_ref()).collect();
-    // An empty segment (`//`, a trailing slash) matches no route, whatever
-    // route the other segments look like (src/http/route.rs).
-    if segs.iter().any(|s| s.is_empty()) {
+    // A trailing slash matches no route; an empty segment inside the path
+    // is an empty id where a route has one (400, as the contract says of
+    // empty ids), and matches nothing elsewhere (src/http/route.rs).
+    if segs.last().is_some_and(|s| s.is_empty()) {
         return Expect::Exactly(404, "not_found");
     }
     let (methods, show, kind): (&[&str], Option<&str>, &str) = match segs.as_slice() {
