@@ -182,30 +182,44 @@ impl Service {
         seats: &[SeatId],
     ) -> Result<Vec<State>, Error> {
         self.check_count(seats.len())?;
-        let mut states = self
-            .view(show)
-            .and_then(|v| v.states(seats))
-            .unwrap_or_else(|| vec![None; seats.len()]);
-        let ask: Vec<usize> = (0..seats.len()).filter(|&i| states[i].is_none()).collect();
-        if ask.is_empty() {
+        let Some(mut states) = self.view(show).and_then(|v| v.states(seats)) else {
+            return self.read_seats(deadline, show, seats).await;
+        };
+        if states.iter().all(Option::is_some) {
             metrics::counter!(m::VIEW_ANSWERS, "kind" => "read").increment(1);
             return Ok(states.into_iter().flatten().collect());
         }
-        let key_list: Vec<String> = ask
-            .iter()
-            .map(|&i| self.keys.seat(show, &seats[i]))
-            .collect();
+        // The view answers the taken seats it knows; Redis the others.
+        let (ask, unknown): (Vec<usize>, Vec<SeatId>) = (0..seats.len())
+            .filter(|&i| states[i].is_none())
+            .map(|i| (i, seats[i].clone()))
+            .unzip();
+        let read = self.read_seats(deadline, show, &unknown).await?;
+        for (i, state) in ask.into_iter().zip(read) {
+            states[i] = Some(state);
+        }
+        Ok(states.into_iter().flatten().collect())
+    }
+
+    /// The states of `seats` of `show` as Redis has them, in order.
+    async fn read_seats(
+        &self,
+        deadline: &Deadline,
+        show: &ShowId,
+        seats: &[SeatId],
+    ) -> Result<Vec<State>, Error> {
+        let key_list: Vec<String> = seats.iter().map(|s| self.keys.seat(show, s)).collect();
         let reply: Vec<i64> = self
             .cluster
             .eval(deadline, &self.cluster.scripts().seats, &key_list, |_| {})
             .await?;
-        if reply.len() != 2 * ask.len() {
+        if reply.len() != 2 * seats.len() {
             return Err(Error::Internal("bad reply of seats.lua".into()));
         }
-        for (&i, c) in ask.iter().zip(reply.chunks_exact(2)) {
-            states[i] = Some(State::from_reply(c[0], c[1]));
-        }
-        Ok(states.into_iter().flatten().collect())
+        Ok(reply
+            .chunks_exact(2)
+            .map(|c| State::from_reply(c[0], c[1]))
+            .collect())
     }
 }
 
