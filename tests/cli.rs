@@ -193,7 +193,12 @@ fn help_names_every_flag_and_its_environment_variable() {
 /// would, through `script`'s pseudo-terminal; answers what it printed.
 fn on_a_terminal(no_color: Option<&str>) -> String {
     let bin = env!("CARGO_BIN_EXE_seathold");
-    let mut cmd = Command::new("script");
+    let script = common::required(
+        "script",
+        "the terminal test runs the daemon on a pseudo-terminal through it: install \
+         util-linux (Debian/Ubuntu: `sudo apt-get install bsdutils`)",
+    );
+    let mut cmd = Command::new(script);
     cmd.args(["-qec"])
         .arg(format!(
             "timeout -s INT 1 {bin} --redis-nodes redis://127.0.0.1:1 --listen 127.0.0.1:0 --shutdown-drain-ms 0"

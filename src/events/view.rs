@@ -399,11 +399,14 @@ impl SeatView {
     /// The taken seats of a hold of `seats`, when the view can tell for
     /// sure that the hold would be refused; `None` sends it to Redis.
     pub fn refusal(&self, seats: &[SeatId]) -> Option<Vec<(SeatId, State)>> {
-        let states: Vec<State> = self.known(seats)?.into_iter().collect::<Option<_>>()?;
+        let known = self.known(seats)?;
+        if known.iter().any(Option::is_none) {
+            return None;
+        }
         let taken: Vec<(SeatId, State)> = seats
             .iter()
             .cloned()
-            .zip(states)
+            .zip(known.into_iter().flatten())
             .filter(|(_, s)| *s != State::Free)
             .collect();
         (!taken.is_empty()).then_some(taken)
