@@ -51,7 +51,8 @@ local ttl = tonumber(ARGV[2])
 if now + ttl - created > tonumber(ARGV[3]) then
   return {-1, created, now}
 end
-local at = now + ttl
+-- As digits: a number handed to redis.call is printed with "%.17g".
+local at = string.format('%d', now + ttl)
 for i = 1, last do
   redis.call('PEXPIREAT', KEYS[i], at)
 end

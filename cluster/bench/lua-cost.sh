@@ -11,7 +11,12 @@
 # ZADD) with constant arguments and nothing else: the least any script
 # with those four calls costs. Redis settings can follow the file, e.g.
 #   cluster/bench/lua-cost.sh [HOLD_LUA] [-- --stream-node-max-bytes 1024]
-# Needs redis-server, redis-cli, redis-benchmark and bc.
+# With COUNT=1 the server runs under valgrind's callgrind and each line
+# gives the instructions the server executed per call instead (N defaults
+# to 5000 then): the same count on every run of the same build, whatever
+# else the machine does, where the CPU times vary by 10-20% from run to run.
+# Needs redis-server, redis-cli, redis-benchmark and bc (and valgrind with
+# COUNT=1).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,23 +24,41 @@ lua=${1:-$here/../../lua/hold.lua}
 shift $(($# > 0 ? 1 : 0))
 [[ "${1:-}" != -- ]] || shift
 port=${PORT:-7999}
-n=${N:-200000}
+count=${COUNT:-0}
+if ((count)); then n=${N:-5000}; else n=${N:-200000}; fi
 rounds=${ROUNDS:-2}
 
 cli() { redis-cli -p "$port" "$@"; }
 cli shutdown nosave >/dev/null 2>&1 || true
 dir=$(mktemp -d)
 trap 'cli shutdown nosave >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
-redis-server --port "$port" --save '' --appendonly no --daemonize yes \
-  --dir "$dir" --logfile "$dir/redis.log" "$@" >/dev/null
-for _ in $(seq 50); do cli ping >/dev/null 2>&1 && break; sleep 0.1; done
+if ((count)); then
+  valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" redis-server --port "$port" \
+    --save '' --appendonly no --dir "$dir" "$@" >"$dir/redis.log" 2>&1 &
+  server=$!
+else
+  redis-server --port "$port" --save '' --appendonly no --daemonize yes \
+    --dir "$dir" --logfile "$dir/redis.log" "$@" >/dev/null
+fi
+for _ in $(seq 100); do cli ping >/dev/null 2>&1 && break; sleep 0.2; done
 
 cpu() { cli info cpu | awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { print s }'; }
+dumps=0
 # bench NAME ARGS...: one redis-benchmark run of ARGS on an emptied server.
 bench() {
   local name=$1 t0 t1 rate
   shift
   cli flushall >/dev/null
+  if ((count)); then
+    callgrind_control -z "$server" >/dev/null 2>&1
+    redis-benchmark -p "$port" -c 50 -n "$n" -r 1000000000 "$@" >/dev/null
+    # callgrind dumps what it counted since the -z to cg.out.<n>
+    callgrind_control -d "$server" >/dev/null 2>&1
+    dumps=$((dumps + 1))
+    printf '%-22s %9d instructions per call\n' "$name" \
+      $(($(awk '/^summary:/ { print $2 }' "$dir/cg.out.$dumps") / n))
+    return
+  fi
   cli config resetstat >/dev/null
   t0=$(cpu)
   rate=$(redis-benchmark -p "$port" -c 50 -n "$n" -r 1000000000 --csv "$@" | tail -n 1 | awk -F'"' '{ print int($4) }')
@@ -48,9 +71,9 @@ bench() {
 
 sha=$(cli script load "$(cat "$lua")")
 bare=$(cli script load "redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', 10000, '*', 't', 'held', 'r', 'x', 's', 'E7', 'l', ARGV[2])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', '10000', '*', 't', 'held', 'r', 'x', 's', 'E7', 'l', ARGV[2])
 redis.call('SET', KEYS[1], 'x', 'NX', 'PX', ARGV[2])
-redis.call('ZADD', KEYS[3], 1, 'x')
+redis.call('ZADD', KEYS[3], '1', 'x')
 return 1")
 token=0e0a8b44-1b7c-4f0e-9d7a-3c2c59d6a111
 ref=0123456789abcdef

@@ -122,12 +122,15 @@ impl Tail {
     }
 }
 
-/// The integers of a script's reply, or `None` when one element is not.
+/// The integers of a script's reply (numbers or digits), or `None` when
+/// one element is neither.
 pub(super) fn ints(reply: &[Value]) -> Option<Vec<i64>> {
     reply
         .iter()
         .map(|v| match v {
             Value::Int(i) => Some(*i),
+            // hold.lua's single-seat path answers digits (see there).
+            Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
             _ => None,
         })
         .collect()
