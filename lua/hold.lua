@@ -136,6 +136,8 @@ if ARGV[11] == '1' and ARGV[12] == '0' and ARGV[13] == '0'
   end
 end
 
+-- ttl is a number for arithmetic; Redis gets ARGV[2], the same digits,
+-- which need no printing (see the comment above).
 local token, ttl = ARGV[1], tonumber(ARGV[2])
 local F, E = tonumber(ARGV[3]), tonumber(ARGV[8])
 local S, P, H = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
@@ -227,7 +229,7 @@ local function add_events()
   for i = 1, E do
     local stream = KEYS[ek + 2 * i - 1]
     local id = redis.call('XADD', stream, 'MAXLEN', '~', ARGV[9], '*',
-      't', 'held', 'r', ARGV[10], 's', ARGV[ia + i - 1], 'l', ttl)
+      't', 'held', 'r', ARGV[10], 's', ARGV[ia + i - 1], 'l', ARGV[2])
     local ms, seq = string.match(id, '^(%d+)-(%d+)$')
     ms, seq = tonumber(ms), tonumber(seq)
     -- More than 999 events of one show in one millisecond (or a clock that
@@ -235,7 +237,7 @@ local function add_events()
     if seq > 999 then
       redis.call('XDEL', stream, id)
       ms, seq = ms + 1, 0
-      id = redis.call('XADD', stream, ms .. '-0', 't', 'held', 'r', ARGV[10], 's', ARGV[ia + i - 1], 'l', ttl)
+      id = redis.call('XADD', stream, ms .. '-0', 't', 'held', 'r', ARGV[10], 's', ARGV[ia + i - 1], 'l', ARGV[2])
     end
     ids[i] = {stream, id, ms, seq}
     if not top or ms > top[3] or (ms == top[3] and seq > top[4]) then top = ids[i] end
@@ -244,7 +246,7 @@ local function add_events()
     local e = ids[i]
     if e[2] ~= top[2] then
       redis.call('XDEL', e[1], e[2])
-      redis.call('XADD', e[1], top[2], 't', 'held', 'r', ARGV[10], 's', ARGV[ia + i - 1], 'l', ttl)
+      redis.call('XADD', e[1], top[2], 't', 'held', 'r', ARGV[10], 's', ARGV[ia + i - 1], 'l', ARGV[2])
       e[2] = top[2]
     end
   end
@@ -255,7 +257,7 @@ end
 local now
 if S == 1 and P == 0 and H == 0 then
   -- One seat: SET NX checks and takes it in one call.
-  if not redis.call('SET', KEYS[first], token, 'NX', 'PX', ttl) then
+  if not redis.call('SET', KEYS[first], token, 'NX', 'PX', ARGV[2]) then
     local v = redis.call('GET', KEYS[first]) or ''
     local again = v == token and already_held()
     if again then return again end
@@ -316,7 +318,7 @@ else
     if now then
       taken_first = redis.call('SET', KEYS[first], token, 'NX', 'PXAT', string.format('%d', now + ttl))
     else
-      taken_first = redis.call('SET', KEYS[first], token, 'NX', 'PX', ttl)
+      taken_first = redis.call('SET', KEYS[first], token, 'NX', 'PX', ARGV[2])
     end
     if not taken_first then return foreign(first) end
   end

@@ -82,6 +82,8 @@ ref=0123456789abcdef
 # P, H, holder limit, then (events on) the show's items.
 on=("$token" 300000 0 s x/E7 '' 86400000 1 10000 "$ref" 1 0 0 0 E7)
 off=("$token" 300000 1 s x/E7 '' 86400000 0 10000 "$ref" 1 0 0 0)
+# four seats of one show, events on
+on4=("$token" 300000 0 s 'x/A x/B x/C x/D' '' 86400000 1 10000 "$ref" 4 0 0 0 'A B C D')
 echo "EVALSHA of $lua, $n calls per line, redis $(redis-server --version | awk '{ print $3 }')"
 for ((r = 1; r <= rounds; r++)); do
   bench "raw SET NX PX" SET 'k:{s__rand_int__}:E7' "$token" NX PX 300000
@@ -95,4 +97,7 @@ for ((r = 1; r <= rounds; r++)); do
     'h:{s1}:E__rand_int__' "${off[@]}"
   bench "events off, new shows" EVALSHA "$sha" 3 'h:{s__rand_int__}:hold:x' 'h:{s__rand_int__}#fence' \
     'h:{s__rand_int__}:E7' "${off[@]}"
+  bench "4 seats, events on" EVALSHA "$sha" 7 'h:{s1}:hold:__rand_int__' 'h:{s1}:A__rand_int__' \
+    'h:{s1}:B__rand_int__' 'h:{s1}:C__rand_int__' 'h:{s1}:D__rand_int__' 'h:{s1}#deadlines' \
+    'h:{s1}#events' "${on4[@]}"
 done
