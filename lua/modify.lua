@@ -58,7 +58,9 @@ end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local at = redis.call('PEXPIRETIME', KEYS[1])
+-- The hold keeps its expiry, as digits: a number handed to redis.call is
+-- printed with "%.17g" (see hold.lua).
+local at = string.format('%d', redis.call('PEXPIRETIME', KEYS[1]))
 
 -- Added seats must be free.
 if A > 0 then
