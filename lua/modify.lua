@@ -80,11 +80,12 @@ if A > 0 then
 end
 
 local function prune(holds)
-  local gone = redis.call('ZRANGEBYSCORE', holds, '-inf', '(' .. now)
+  local below = string.format('(%d', now) -- digits, not a Lua number's %.14g
+  local gone = redis.call('ZRANGEBYSCORE', holds, '-inf', below)
   if #gone == 0 then return 0 end
   local units = 0
   for _, m in ipairs(gone) do units = units + (tonumber(string.match(m, '^(%d+):')) or 0) end
-  redis.call('ZREMRANGEBYSCORE', holds, '-inf', '(' .. now)
+  redis.call('ZREMRANGEBYSCORE', holds, '-inf', below)
   return units
 end
 

@@ -16,11 +16,14 @@
 -- never created.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. now)
+-- "(<now>" as digits: a Lua number would be printed with "%.14g" by
+-- Lua, or "%.17g" by Redis (see hold.lua).
+local below = string.format('(%d', now)
+local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', below)
 if #gone > 0 then
   local units = 0
   for _, m in ipairs(gone) do units = units + (tonumber(string.match(m, '^(%d+):')) or 0) end
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', below)
   redis.call('HINCRBY', KEYS[1], 'held', -units)
 end
 if ARGV[1] ~= '' then

@@ -22,7 +22,9 @@
 -- then ignores Redis's expiry notifications of those holds' records).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
+-- Strings to Redis: a number would be printed with "%.17g" (see hold.lua).
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('(%d', now),
+  'WITHSCORES', 'LIMIT', '0', ARGV[2])
 local reply = {0, -1}
 for i = 1, #due, 2 do
   local ref, fence, seats = string.match(due[i], '^(%S+) (%d+) (.*)$')
