@@ -72,11 +72,12 @@
 -- path below, and a seat that is not free goes on to the general path only
 -- when it may be this very hold's (a resend). It reads its arguments as
 -- strings and hands Redis its times as digits, because Lua's numbers cost
--- the master more than the calls around them: every tonumber is a strtod,
--- and every number passed to redis.call is printed with "%.17g" (glibc's
--- floating-point printf, about 3,000 instructions each). Counted with
--- callgrind on redis-server 7.0 (COUNT=1 cluster/bench/lua-cost.sh): 104k
--- instructions per events-on hold instead of 122k before it read its
+-- the master instructions: every tonumber is a strtod, and every number
+-- passed to redis.call is printed with "%.17g" (glibc's floating-point
+-- printf: 3,700 instructions more than the same digits as a string, by
+-- callgrind, in a script of one SET). Counted with callgrind on
+-- redis-server 7.0 (COUNT=1 cluster/bench/lua-cost.sh): 105k instructions
+-- per events-on hold on one show instead of 124k before it read its
 -- arguments this way, against 11k for a raw SET. The general path's
 -- helpers (their closures, tables and string.format) are never defined on
 -- this path either: with events on, 22.9-23.8 us per hold instead of
