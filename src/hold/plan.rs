@@ -251,3 +251,39 @@ pub(super) fn check_one_slot(home: &ShowId, contents: &Contents) -> Result<(), E
     }));
     Err(Error::CrossSlot(detail))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn ints_reads_numbers_and_digits_alike() {
+        // hold.lua's single-seat path answers {1, fence, ttl, created} as
+        // digits; the general path answers numbers.
+        let digits = [
+            Value::Int(1),
+            bulk("1764633600123004"),
+            bulk("300000"),
+            bulk("1764633600123"),
+        ];
+        assert_eq!(
+            ints(&digits),
+            Some(vec![1, 1_764_633_600_123_004, 300_000, 1_764_633_600_123])
+        );
+        assert_eq!(ints(&[Value::Int(-4)]), Some(vec![-4]));
+        assert_eq!(ints(&[bulk("-6")]), Some(vec![-6]));
+    }
+
+    #[test]
+    fn ints_refuses_anything_else() {
+        // {-3, <idempotency record>}: the record is not an integer.
+        assert_eq!(ints(&[Value::Int(-3), bulk("fp 201 t 1 2")]), None);
+        assert_eq!(ints(&[bulk("12x")]), None);
+        assert_eq!(ints(&[bulk("")]), None);
+        assert_eq!(ints(&[Value::Nil]), None);
+    }
+}
