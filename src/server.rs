@@ -285,7 +285,7 @@ struct Open(Arc<AtomicUsize>);
 impl Open {
     /// Counts a connection already added to `open` in the gauge.
     fn counted(open: Arc<AtomicUsize>) -> Self {
-        metrics::gauge!(crate::metrics::HTTP_CONNECTIONS).increment(1.0);
+        crate::metrics::hot::gauge_add(crate::metrics::HTTP_CONNECTIONS, 1.0);
         Self(open)
     }
 }
@@ -293,7 +293,7 @@ impl Open {
 impl Drop for Open {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
-        metrics::gauge!(crate::metrics::HTTP_CONNECTIONS).decrement(1.0);
+        crate::metrics::hot::gauge_add(crate::metrics::HTTP_CONNECTIONS, -1.0);
     }
 }
 

@@ -67,7 +67,11 @@ impl Deadline {
             Err(Error::Internal(detail)) => tracing::error!(op, %detail, "unexpected Redis reply"),
             _ => {}
         }
-        metrics::histogram!(m::REDIS_DURATION, "op" => op).record(start.elapsed().as_secs_f64());
+        m::hot::observe(
+            m::REDIS_DURATION,
+            &[("op", op)],
+            start.elapsed().as_secs_f64(),
+        );
         result
     }
 }

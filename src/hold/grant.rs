@@ -185,7 +185,7 @@ impl Service {
         };
         if let Some(taken) = view.refusal(seats) {
             count(m::HOLD_CONFLICTS, 1);
-            metrics::counter!(m::VIEW_ANSWERS, "kind" => "conflict").increment(1);
+            m::hot::count(m::VIEW_ANSWERS, &[("kind", "conflict")], 1);
             let taken = taken
                 .into_iter()
                 .map(|(seat, state)| Taken::new(None, seat, state))

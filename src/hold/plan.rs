@@ -117,7 +117,7 @@ impl Tail {
     /// Counts the events of type `kind` the script wrote, one per show.
     pub fn count_events(&self, kind: &'static str) {
         if self.events > 0 {
-            metrics::counter!(m::EVENTS, "type" => kind).increment(self.events as u64);
+            m::hot::count(m::EVENTS, &[("type", kind)], self.events as u64);
         }
     }
 }
@@ -217,7 +217,7 @@ pub(super) fn refusal(
         }
         _ => return None,
     };
-    metrics::counter!(m::HOLD_CONFLICTS).increment(1);
+    m::hot::count(m::HOLD_CONFLICTS, &[], 1);
     Some(err)
 }
 

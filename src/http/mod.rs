@@ -85,7 +85,7 @@ impl App {
             metrics::counter!(m::HTTP_OVERLOADED).increment(1);
             return Err(Error::Overloaded);
         }
-        metrics::gauge!(m::HTTP_IN_FLIGHT).increment(1.0);
+        m::hot::gauge_add(m::HTTP_IN_FLIGHT, 1.0);
         Ok(InFlight(&self.in_flight))
     }
 
@@ -143,7 +143,7 @@ struct InFlight<'a>(&'a AtomicUsize);
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
-        metrics::gauge!(m::HTTP_IN_FLIGHT).decrement(1.0);
+        m::hot::gauge_add(m::HTTP_IN_FLIGHT, -1.0);
     }
 }
 
@@ -166,8 +166,14 @@ pub async fn handle(app: Arc<App>, req: Request<impl ReqBody>, peer: SocketAddr)
         .unwrap_or_else(error_response);
     let template = route.template();
     let elapsed = start.elapsed();
-    metrics::histogram!(m::HTTP_DURATION, "route" => template, "status" => status_label(response.status()))
-        .record(elapsed.as_secs_f64());
+    m::hot::observe(
+        m::HTTP_DURATION,
+        &[
+            ("route", template),
+            ("status", status_label(response.status())),
+        ],
+        elapsed.as_secs_f64(),
+    );
     tracing::debug!(
         method = %head.method,
         route = template,
