@@ -12,7 +12,10 @@
 # the daemon, its background tasks too) are divided by the answers.
 #   cluster/bench/daemon-cost.sh BIN [BIN ...]
 # Settings: DURATION (seconds, default 20), SHOWS (default 0: one hot
-# show; as in ab.sh), PORT (default 18094). Prints one line per build, and the top
+# show; as in ab.sh), PORT (default 18094), STEP (hold1, the default, or
+# storm: holds of 100 seats of one show that are held beforehand, all
+# refused with 409, most by the local seat view, as in bench.sh's storm
+# step; the first 5 s are not counted, so that the view is in place). Prints one line per build, and the top
 # functions (self instructions) with TOP=N; KEEP=1 keeps the callgrind
 # files (callgrind_annotate --inclusive=yes / --tree=caller read them).
 # Needs valgrind (callgrind_control, callgrind_annotate), wrk, curl and
@@ -25,6 +28,7 @@ secs=${DURATION:-20}
 shows=${SHOWS:-0}
 port=${PORT:-18094}
 top=${TOP:-0}
+step=${STEP:-hold1}
 work=$(mktemp -d)
 pid=
 stop() {
@@ -54,9 +58,18 @@ for bin in "$@"; do
     echo "$bin did not start under valgrind: $(tail -n 20 "$work/dev.out")" >&2
     exit 1
   }
+  run="dc$RANDOM" script=hold1.lua expect=201
+  if [[ "$step" == storm ]]; then
+    script=storm.lua expect=409
+    for i in $(seq 100); do
+      curl -fs -o /dev/null -X POST -H 'Content-Type: application/json' -d '{"ttlMs":1200000}' \
+        "http://127.0.0.1:$port/v1/shows/$run-hot/seats/h$i/hold"
+    done
+    BENCH_RUN=$run wrk -t1 -c10 -d5s -s "$here/$script" "http://127.0.0.1:$port" >/dev/null
+  fi
   callgrind_control -i on "$pid" >/dev/null
-  line=$(BENCH_RUN="dc$RANDOM" BENCH_SHOWS=$shows BENCH_EXPECT=201 \
-    wrk -t1 -c10 -d"${secs}s" -s "$here/hold1.lua" "http://127.0.0.1:$port" | grep '^BENCH')
+  line=$(BENCH_RUN=$run BENCH_SHOWS=$shows BENCH_EXPECT=$expect \
+    wrk -t1 -c10 -d"${secs}s" -s "$here/$script" "http://127.0.0.1:$port" | grep '^BENCH')
   callgrind_control -i off "$pid" >/dev/null
   kill -INT "$pid"
   wait "$pid" 2>/dev/null || true
@@ -69,8 +82,8 @@ for bin in "$@"; do
     n=$(grep -m1 '^totals:' "$f" | awk '{print $2}')
     total=$((total + ${n:-0}))
   done
-  awk -v bin="$bin" -v total="$total" -v n="$answers" -v bad="$not_ok" 'BEGIN {
-    printf "%s  answers %d  not 201 %d  instructions per answer %.0f\n", bin, n, bad, total / (n > 0 ? n : 1)
+  awk -v bin="$bin" -v expect="$expect" -v total="$total" -v n="$answers" -v bad="$not_ok" 'BEGIN {
+    printf "%s  answers %d  not %d %d  instructions per answer %.0f\n", bin, n, expect, bad, total / (n > 0 ? n : 1)
   }'
   if ((top)); then
     callgrind_annotate "$work"/cg.out* 2>/dev/null | sed -n '/^Ir/,$p' | sed -n "3,$((top + 2))p"
