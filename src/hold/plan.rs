@@ -223,13 +223,17 @@ pub(super) fn refusal(
 
 /// Refuses a hold whose shows do not share one hash slot, naming the slot
 /// of every seat and pool. Every key of a hold carries one of its shows'
-/// tags, so the shows decide.
+/// tags, so the shows decide; the keys of the home show share its tag, so
+/// only other shows' slots are computed (most holds name none).
 pub(super) fn check_one_slot(home: &ShowId, contents: &Contents) -> Result<(), Error> {
     let slot = |show: &ShowId| keys::slot(format!("{{show:{show}}}").as_bytes());
-    let first = slot(home);
+    let mut first = None;
     let seats = contents.seats.pairs(home).map(|(show, _)| show);
     let pools = contents.pools.iter().map(|p| &p.show);
-    if seats.chain(pools).all(|show| slot(show) == first) {
+    if seats
+        .chain(pools)
+        .all(|show| show == home || *first.get_or_insert_with(|| slot(home)) == slot(show))
+    {
         return Ok(());
     }
     metrics::counter!(m::CROSS_SLOT_REJECTIONS).increment(1);
