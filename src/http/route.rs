@@ -29,9 +29,14 @@ impl<'p> Segments<'p> {
             if segments.len() == MAX_SEGMENTS {
                 return None;
             }
-            let decoded = percent_encoding::percent_decode_str(seg)
-                .decode_utf8()
-                .unwrap_or(Cow::Borrowed(seg));
+            // Most segments have nothing to decode (and are UTF-8 already).
+            let decoded = if seg.contains('%') {
+                percent_encoding::percent_decode_str(seg)
+                    .decode_utf8()
+                    .unwrap_or(Cow::Borrowed(seg))
+            } else {
+                Cow::Borrowed(seg)
+            };
             segments.push(decoded);
         }
         Some(Self(segments))
