@@ -24,6 +24,16 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
+for tool in valgrind callgrind_control callgrind_annotate wrk curl redis-server; do
+  command -v "$tool" >/dev/null || {
+    echo "daemon-cost.sh needs $tool (apt-get install valgrind wrk curl redis-server)" >&2
+    exit 1
+  }
+done
+(($#)) || {
+  echo "usage: cluster/bench/daemon-cost.sh BIN [BIN ...]" >&2
+  exit 1
+}
 secs=${DURATION:-20}
 shows=${SHOWS:-0}
 port=${PORT:-18094}
