@@ -391,6 +391,7 @@ pub mod hot {
     }
 
     fn key(name: &'static str, labels: &[(&'static str, &'static str)]) -> Key {
+        debug_assert!(labels.len() <= 2, "{name}: more labels than a key holds");
         let mut key = [(0, 0); 5];
         key[0] = part(name);
         for (i, (k, v)) in labels.iter().take(2).enumerate() {
@@ -422,7 +423,9 @@ pub mod hot {
 
     /// Applies `apply` to this thread's handle on metric `name` with
     /// `labels` in `map`, made by `make` the first time; before the
-    /// recorder is installed, to a handle made for this call only.
+    /// recorder is installed, or while the thread's handles are being torn
+    /// down (a guard dropped as the thread exits), to a handle made for
+    /// this call only.
     fn record<H>(
         map: fn(&mut Handles) -> &mut Map<H>,
         name: &'static str,
@@ -430,13 +433,16 @@ pub mod hot {
         make: impl Fn() -> H,
         apply: impl Fn(&H),
     ) {
-        if super::HANDLE.get().is_none() {
-            return apply(&make());
+        let cached = super::HANDLE.get().is_some()
+            && HANDLES
+                .try_with(|h| {
+                    let mut h = h.borrow_mut();
+                    apply(map(&mut h).entry(key(name, labels)).or_insert_with(&make));
+                })
+                .is_ok();
+        if !cached {
+            apply(&make());
         }
-        HANDLES.with(|h| {
-            let mut h = h.borrow_mut();
-            apply(map(&mut h).entry(key(name, labels)).or_insert_with(&make));
-        });
     }
 
     /// Adds `by` to counter `name` with `labels` (at most two).
