@@ -24,6 +24,8 @@
 -- ARGV[13]                 H
 -- ARGV[14]                 the holder limit when a show's settings have none (0: none)
 -- then E items of show i ("E7 @floor=2"), P quantities, H units of show h
+-- A hold of one seat without pools or holder comes in a short form of 7
+-- (or 9) arguments instead, described where it runs, below.
 --
 -- The record is "<fence> <created_ms> <kind> <items>" with the hold's
 -- expiry; the token is in its key. Every call below costs the master (Lua's
@@ -67,28 +69,31 @@
 -- pool is short (and maybe seats taken); {-6, limit, current, requested}
 -- past the holder limit. Only the first answer writes anything.
 
--- One seat and nothing else, the hold an on-sale is made of, runs here,
--- first: it makes the same calls and gives the same answers as the general
--- path below, and a seat that is not free goes on to the general path only
--- when it may be this very hold's (a resend). It reads its arguments as
--- strings and hands Redis its times as digits, because Lua's numbers cost
--- the master instructions: every tonumber is a strtod, and every number
--- passed to redis.call is printed with "%.17g" (glibc's floating-point
--- printf: 3,700 instructions more than the same digits as a string, by
--- callgrind, in a script of one SET). Counted with callgrind on
--- redis-server 7.0 (COUNT=1 cluster/bench/lua-cost.sh): 105k instructions
--- per events-on hold on one show instead of 124k before it read its
--- arguments this way, against 11k for a raw SET. The general path's
--- helpers (their closures, tables and string.format) are never defined on
--- this path either: with events on, 22.9-23.8 us per hold instead of
--- 25.4-25.6 on one show (INFO cpu per EVALSHA).
-if ARGV[11] == '1' and ARGV[12] == '0' and ARGV[13] == '0'
-  and (ARGV[8] == '1' and ARGV[3] == '0' or ARGV[8] == '0' and ARGV[3] == '1') then
-  -- Events on: KEYS = record, seat, deadline index, stream[, idempotency].
-  -- Events off: KEYS = record, fence counter, seat[, idempotency].
-  local on = ARGV[8] == '1'
+-- One seat and nothing else, the hold an on-sale is made of, has a short
+-- form of its own, with 7 arguments instead of 15 (9 with an idempotency
+-- key):
+--   KEYS    events on: record, seat, deadline index, stream[, idempotency]
+--           events off: record, fence counter, seat[, idempotency]
+--   ARGV[1] token, ARGV[2] TTL in ms, ARGV[3] '1' events on / '0' off,
+--   ARGV[4] "<kind> <items>" (the record's tail), ARGV[5] the hold's ref,
+--   ARGV[6] the seat, ARGV[7] the stream's length cap,
+--   [ARGV[8] the request's fingerprint, ARGV[9] how long its record is kept]
+-- Every argument costs the master about 700 instructions (Redis parses it,
+-- and the script's ARGV table interns it as a Lua string, which the Lua
+-- garbage collector later frees), whatever the script does with it: 6.6k
+-- of the 15-argument form's 105k per events-on hold (callgrind). It makes
+-- the same calls and gives the same answers as the general form below.
+-- It reads its arguments as strings and hands Redis its times as digits,
+-- because Lua's numbers cost the master instructions: every tonumber is a
+-- strtod, and every number passed to redis.call is printed with "%.17g"
+-- (glibc's floating-point printf: 3,700 instructions more than the same
+-- digits as a string, by callgrind, in a script of one SET). The general
+-- form's helpers (their closures, tables and string.format) are never
+-- defined on this path either.
+if #ARGV < 14 then
+  local on = ARGV[3] == '1'
   local token, ttl, seat = ARGV[1], ARGV[2], on and KEYS[2] or KEYS[3]
-  local idem = ARGV[6] ~= '' and KEYS[on and 5 or 4]
+  local idem = ARGV[8] and KEYS[on and 5 or 4]
   local done = idem and redis.call('GET', idem)
   if done then return {-3, done} end
   if redis.call('SET', seat, token, 'NX', 'PX', ttl) then
@@ -96,14 +101,14 @@ if ARGV[11] == '1' and ARGV[12] == '0' and ARGV[13] == '0'
     local fence, created, stream, id
     if on then
       stream = KEYS[4]
-      id = redis.call('XADD', stream, 'MAXLEN', '~', ARGV[9], '*',
-        't', 'held', 'r', ARGV[10], 's', ARGV[15], 'l', ttl)
+      id = redis.call('XADD', stream, 'MAXLEN', '~', ARGV[7], '*',
+        't', 'held', 'r', ARGV[5], 's', ARGV[6], 'l', ttl)
       local ms, seq = string.match(id, '^(%d+)-(%d+)$')
       if #seq > 3 then
         -- as in add_events below: the next millisecond, sequence 0
         redis.call('XDEL', stream, id)
         ms, seq = string.format('%d', ms + 1), '0'
-        id = redis.call('XADD', stream, ms .. '-0', 't', 'held', 'r', ARGV[10], 's', ARGV[15], 'l', ttl)
+        id = redis.call('XADD', stream, ms .. '-0', 't', 'held', 'r', ARGV[5], 's', ARGV[6], 'l', ttl)
       end
       -- ms x 1000 + seq, written as digits: no arithmetic on 16 digits
       fence, created = ms .. string.rep('0', 3 - #seq) .. seq, ms
@@ -113,28 +118,35 @@ if ARGV[11] == '1' and ARGV[12] == '0' and ARGV[13] == '0'
       fence, created = string.format('%d', math.max(now * 1000, f + 1)), string.format('%d', now)
     end
     local at = string.format('%d', created + ttl)
-    if not redis.call('SET', KEYS[1], fence .. ' ' .. created .. ' ' .. ARGV[4] .. ' ' .. ARGV[5], 'NX', 'PXAT', at) then
+    if not redis.call('SET', KEYS[1], fence .. ' ' .. created .. ' ' .. ARGV[4], 'NX', 'PXAT', at) then
       redis.call('DEL', seat)
       if id then redis.call('XDEL', stream, id) end
       return {-4}
     end
     if on then
-      redis.call('ZADD', KEYS[3], at, ARGV[10] .. ' ' .. fence .. ' ' .. ARGV[15])
+      redis.call('ZADD', KEYS[3], at, ARGV[5] .. ' ' .. fence .. ' ' .. ARGV[6])
     else
       redis.call('SET', KEYS[2], fence)
     end
     if idem then
-      redis.call('SET', idem, ARGV[6] .. ' 201 ' .. token .. ' ' .. fence .. ' ' .. at, 'PX', ARGV[7])
+      redis.call('SET', idem, ARGV[8] .. ' 201 ' .. token .. ' ' .. fence .. ' ' .. at, 'PX', ARGV[9])
     end
     -- digits, which the daemon reads as integers
     return {1, fence, ttl, created}
   end
   local v = redis.call('GET', seat) or ''
-  if v ~= token then
-    local state = 1
-    if string.sub(v, 1, 5) == 'sold:' then state = 2 end
-    return {0, 1, state, redis.call('PTTL', seat)}
+  if v == token then
+    -- a resend: answer as the first run did (already_held below)
+    local record = redis.call('GET', KEYS[1])
+    local fence = record and string.match(record, '^(%d+) ')
+    if fence then
+      local pttl = redis.call('PTTL', KEYS[1])
+      return {1, fence, pttl, redis.call('PEXPIRETIME', KEYS[1]) - pttl}
+    end
   end
+  local state = 1
+  if string.sub(v, 1, 5) == 'sold:' then state = 2 end
+  return {0, 1, state, redis.call('PTTL', seat)}
 end
 
 -- ttl is a number for arithmetic; Redis gets ARGV[2], the same digits,

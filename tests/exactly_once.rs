@@ -625,20 +625,14 @@ async fn run_hold_script(show: &str, seat: &str, token: &str, ttl_ms: u64) -> Ve
     Scripts::embedded()
         .hold
         .run(&mut conn, &script_keys, |c| {
+            // The short form of one seat: events off, the record's tail,
+            // ref, seat and cap (unused with events off), no key.
             c.arg(token)
                 .arg(ttl_ms)
-                .arg(1)
-                .arg("s")
-                .arg(format!("{show}/{seat}"))
+                .arg(0)
+                .arg(format!("s {show}/{seat}"))
                 .arg("")
-                .arg(86_400_000)
-                // Events off (E, cap, ref), one seat, no pools, no holder.
-                .arg(0)
-                .arg(0)
-                .arg("")
-                .arg(1)
-                .arg(0)
-                .arg(0)
+                .arg(seat)
                 .arg(0);
         })
         .await

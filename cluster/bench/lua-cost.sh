@@ -77,12 +77,13 @@ redis.call('ZADD', KEYS[3], '1', 'x')
 return 1")
 token=0e0a8b44-1b7c-4f0e-9d7a-3c2c59d6a111
 ref=0123456789abcdef
-# hold.lua's arguments for one seat, no pool, no holder, no idempotency key:
-# token, ttl, F, kind, items, fingerprint, idempotency ttl, E, cap, ref, S,
-# P, H, holder limit, then (events on) the show's items.
-on=("$token" 300000 0 s x/E7 '' 86400000 1 10000 "$ref" 1 0 0 0 E7)
-off=("$token" 300000 1 s x/E7 '' 86400000 0 10000 "$ref" 1 0 0 0)
-# four seats of one show, events on
+# hold.lua's short form for one seat, no pool, no holder, no idempotency
+# key: token, ttl, events on (1) or off (0), kind and items, ref, seat, cap.
+on=("$token" 300000 1 's x/E7' "$ref" E7 10000)
+off=("$token" 300000 0 's x/E7' "$ref" E7 10000)
+# four seats of one show, events on: token, ttl, F, kind, items,
+# fingerprint, idempotency ttl, E, cap, ref, S, P, H, holder limit, then
+# the show's items
 on4=("$token" 300000 0 s 'x/A x/B x/C x/D' '' 86400000 1 10000 "$ref" 4 0 0 0 'A B C D')
 echo "EVALSHA of $lua, $n calls per line, redis $(redis-server --version | awk '{ print $3 }')"
 for ((r = 1; r <= rounds; r++)); do

@@ -61,9 +61,13 @@ impl Service {
         let reply: Result<Vec<Value>, Error> = self
             .cluster
             .eval(deadline, &self.cluster.scripts().hold, &key_list, |c| {
-                c.arg(token.as_str())
-                    .arg(ttl)
-                    .arg(fences)
+                c.arg(token.as_str()).arg(ttl);
+                if tail.is_single_seat(seat_keys.len(), fences) {
+                    let idem = idem.map(|_| (fingerprint, self.limits.idempotency_ttl_ms));
+                    tail.push_for_single_seat(c, &kind, &encoded, idem);
+                    return;
+                }
+                c.arg(fences)
                     .arg(&kind)
                     .arg(&encoded)
                     .arg(fingerprint)

@@ -102,6 +102,37 @@ impl Tail {
         self.push_lists(cmd);
     }
 
+    /// Whether hold.lua takes this hold in its short form: one seat, no
+    /// pools, no holder, and one show's events or fence counter (`fences`).
+    pub fn is_single_seat(&self, seats: usize, fences: usize) -> bool {
+        seats == 1
+            && self.quantities.is_empty()
+            && self.units.is_empty()
+            && self.events + fences == 1
+    }
+
+    /// hold.lua's short form after the token and TTL: events on or off,
+    /// the record's tail (`<kind> <items>`), the ref, the seat, the cap,
+    /// then the fingerprint and record TTL of an idempotency key, if any.
+    /// Every argument costs the master about 700 instructions, whatever the
+    /// script does with it (see hold.lua).
+    pub fn push_for_single_seat(
+        &self,
+        cmd: &mut Cmd,
+        kind: &str,
+        items: &str,
+        idem: Option<(&str, u64)>,
+    ) {
+        cmd.arg(if self.events > 0 { "1" } else { "0" })
+            .arg(format!("{kind} {items}"))
+            .arg(&self.hold_ref)
+            .arg(self.items.first().map_or("", String::as_str))
+            .arg(self.max_len);
+        if let Some((fingerprint, ttl_ms)) = idem {
+            cmd.arg(fingerprint).arg(ttl_ms);
+        }
+    }
+
     fn push_lists(&self, cmd: &mut Cmd) {
         for items in &self.items {
             cmd.arg(items);
