@@ -80,8 +80,8 @@
 --   [ARGV[8] the request's fingerprint, ARGV[9] how long its record is kept]
 -- Every argument costs the master about 700 instructions (Redis parses it,
 -- and the script's ARGV table interns it as a Lua string, which the Lua
--- garbage collector later frees), whatever the script does with it: 6.6k
--- of the 15-argument form's 105k per events-on hold (callgrind). It makes
+-- garbage collector later frees), whatever the script does with it: 7.2k
+-- of the 15-argument form's 104k per events-on hold (callgrind). It makes
 -- the same calls and gives the same answers as the general form below.
 -- It reads its arguments as strings and hands Redis its times as digits,
 -- because Lua's numbers cost the master instructions: every tonumber is a
