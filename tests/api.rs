@@ -971,10 +971,10 @@ async fn a_hold_resent_with_its_token_answers_as_the_first_run() {
     }
 }
 
-/// hold.lua's two forms of a one-seat hold, its short form (what the
-/// daemon sends) and the general one: what one run of `form` answers, for
-/// `seat` of `show` under `token`, with events on or off, and with an
-/// idempotency key and fingerprint.
+/// Runs a one-seat hold of `seat` of `show` under `token` through
+/// hold.lua, in its short form (`short`, what the daemon sends) or its
+/// general one, with events on or off, and with an idempotency key and
+/// fingerprint if `idem` names them; answers the script's reply.
 async fn run_one_seat(
     conn: &mut redis::cluster_async::ClusterConnection,
     short: bool,
