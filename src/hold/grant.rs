@@ -62,7 +62,7 @@ impl Service {
             .cluster
             .eval(deadline, &self.cluster.scripts().hold, &key_list, |c| {
                 c.arg(token.as_str()).arg(ttl);
-                if tail.is_single_seat(seat_keys.len(), fences) {
+                if tail.fits_short_form(seat_keys.len(), fences) {
                     let idem = idem.map(|_| (fingerprint, self.limits.idempotency_ttl_ms));
                     tail.push_for_single_seat(c, &kind, &encoded, idem);
                     return;

@@ -102,9 +102,10 @@ impl Tail {
         self.push_lists(cmd);
     }
 
-    /// Whether hold.lua takes this hold in its short form: one seat, no
-    /// pools, no holder, and one show's events or fence counter (`fences`).
-    pub fn is_single_seat(&self, seats: usize, fences: usize) -> bool {
+    /// Whether hold.lua takes this hold in its short form: one seat (so
+    /// one show), no pools, no holder, and that show's events or fence
+    /// counter (`fences`).
+    pub fn fits_short_form(&self, seats: usize, fences: usize) -> bool {
         seats == 1
             && self.quantities.is_empty()
             && self.units.is_empty()
