@@ -26,7 +26,13 @@ Starts `seathold dev` (a fresh local Redis Cluster plus the daemon, all on
   pool1 POST /v1/shows/{show}/holds {"pools":{"coupons":1}}: one unit each of
         one hot pool (created with a PUT before the step, capacity 100000000)
 
-then a growth table (N-seat holds for N = 1 2 4 8 16 20 over /holds),
+then a latency table: hold1, hot1, hold4 and hot4 at a fixed offered rate
+(cluster/bench/paced.rs, open loop: each request is due at its time whether
+or not earlier ones were answered, and its latency counts from then) of
+25%, 50% and 75% of the holds/s wrk reached in the same round; wrk keeps
+every connection busy, so its own latency is the connections divided by
+the throughput (Little's law) and says little about a daemon that is not
+saturated. Then a growth table (N-seat holds for N = 1 2 4 8 16 20 over /holds),
 single-seat holds on a fresh 1-master cluster versus a fresh 3-master
 cluster, and single-seat holds (random shows, one hot show) and four-seat
 holds with event streams off (`--events off`) and on, side by side: two
@@ -61,12 +67,15 @@ Options:
       --wait-idle SECONDS  before each step, wait up to this long for the rest
                            of the machine to go quiet (below 25% of one core
                            busy besides our own cluster) (default 0: don't)
-      --sections LIST      comma-separated subset of main,growth,masters,events
-                           (default: all four)
+      --sections LIST      comma-separated subset of main,growth,masters,events,
+                           latency (default: all five)
   -o, --out FILE           machine-readable results (TSV) go here
                            (default: a new file in ${TMPDIR:-/tmp})
       --bin PATH           use this seathold binary instead of building
                            target/release/seathold with `cargo build --release`
+      --paced PATH         the latency section's load generator (default:
+                           target/release/examples/paced, built with
+                           `cargo build --release --example paced` when missing)
   -h, --help               this text
 
 Needs wrk, redis-benchmark, redis-cli, redis-server and curl on PATH
@@ -84,12 +93,13 @@ warmup=2
 connections=50
 threads=2
 replicas=1
-sections="main,growth,masters,events"
+sections="main,growth,masters,events,latency"
 wait_idle=0
 retries=2
 rounds=3
 out=""
 bin=""
+paced=""
 
 die() { echo "bench.sh: $*" >&2; exit 2; }
 need_arg() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value (see --help)"; }
@@ -108,6 +118,7 @@ while [[ $# -gt 0 ]]; do
     -n|--rounds) need_arg "$@"; rounds=$2; shift 2 ;;
     -o|--out) need_arg "$@"; out=$2; shift 2 ;;
     --bin) need_arg "$@"; bin=$2; shift 2 ;;
+    --paced) need_arg "$@"; paced=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
@@ -124,7 +135,7 @@ is_uint "$wait_idle" || die "--wait-idle must be a whole number of seconds"
 is_uint "$retries" || die "--retries must be a whole number"
 if ! is_uint "$rounds" || ((rounds < 1)); then die "--rounds must be >= 1"; fi
 for s in ${sections//,/ }; do
-  case "$s" in main|growth|masters|events) ;; *) die "unknown section '$s' (main, growth, masters, events)" ;; esac
+  case "$s" in main|growth|masters|events|latency) ;; *) die "unknown section '$s' (main, growth, masters, events, latency)" ;; esac
 done
 has_section() { [[ ",$sections," == *",$1,"* ]]; }
 
@@ -158,6 +169,15 @@ if [[ -z "$bin" ]]; then
   bin="$repo/target/release/seathold"
 fi
 [[ -x "$bin" ]] || die "seathold binary $bin is missing or not executable"
+if has_section latency && [[ -z "$paced" ]]; then
+  paced="$repo/target/release/examples/paced"
+  if [[ ! -x "$paced" ]]; then
+    command -v cargo >/dev/null 2>&1 || die "cargo not found: install Rust (https://rustup.rs) or pass --paced PATH"
+    echo "building the latency section's load generator (cargo build --release --example paced)..." >&2
+    (cd "$repo" && cargo build --release --quiet --example paced) || die "cargo build --release --example paced failed"
+  fi
+fi
+! has_section latency || [[ -x "$paced" ]] || die "load generator $paced is missing or not executable"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/seathold-bench.XXXXXX")
 if [[ -z "$out" ]]; then
@@ -621,9 +641,16 @@ measure_wrk() {
   measure_client env "${env[@]}" BENCH_RUN="$bench_run" \
     timeout $((duration + 30)) wrk -d "${duration}s" "${wrk_args[@]}"
   pre_measure=()
+  parse_bench wrk "$step" "$expect" "$seats"
+}
+
+# parse_bench TOOL STEP EXPECT SEATS: fills R from the BENCH line in
+# $work/step.out (cluster/bench/common.lua's keys, which paced prints too).
+parse_bench() {
+  local tool=$1 step=$2 expect=$3 seats=$4
   if ((client_rc != 0)) || ! grep -q '^BENCH' "$work/step.out"; then
     cat "$work/step.out" "$work/step.err" >&2
-    die "wrk failed in step $step (exit $client_rc)"
+    die "$tool failed in step $step (exit $client_rc)"
   fi
   R=()
   local kv
@@ -647,6 +674,27 @@ measure_wrk() {
     R[valid]="INVALID: ${R[not_ok]} non-$expect, ${R[socket_errors]} socket errors"
     [[ -z "${R[sample]:-}" ]] || echo "    first unexpected body: ${R[sample]}" >&2
   fi
+}
+
+# run_paced SECTION STEP SEATS SHOWS RATE: holds offered at RATE per second
+# (open loop, cluster/bench/paced.rs) for the warm-up and then the measured
+# time; only the measured time counts.
+run_paced() {
+  local section=$1 step=$2 seats=$3 shows=$4 rate=$5
+  echo "  $section/$step: $rate/s offered, ${warmup}s warm-up, then ${duration}s" >&2
+  with_retries measure_paced "$step" "$seats" "$shows" "$rate"
+}
+
+# measure_paced STEP SEATS SHOWS RATE: one measured paced run.
+measure_paced() {
+  local step=$1 seats=$2 shows=$3 rate=$4
+  measure_n=$((measure_n + 1))
+  measure_client timeout $((warmup + duration + 30)) "$paced" --addr "${url#http://}" \
+    --rate "$rate" --duration "$duration" --warmup "$warmup" --connections "$connections" \
+    --seats "$seats" --shows "$shows" --run "${run_id}p${step}n$measure_n"
+  parse_bench paced "$step" 201 "$seats"
+  R[p999]=$(awk -v v="${R[p999_us]}" 'BEGIN{printf "%.2f", v / 1000}')
+  R[send_p99]=$(awk -v v="${R[send_p99_us]}" 'BEGIN{printf "%.2f", v / 1000}')
 }
 
 # run_raw SECTION STEP: redis-benchmark --cluster SET ... NX PX, sized by a warm-up.
@@ -816,6 +864,7 @@ main_line() {
 }
 
 main_lines=()
+latency_lines=()
 cpu_op_lines=()
 growth_lines=()
 masters_lines=()
@@ -975,6 +1024,73 @@ if has_section events; then
   done
 fi
 
+if has_section latency; then
+  # Each round: a step's closed-loop holds/s (wrk, as in main), then the
+  # same holds offered at fixed fractions of it (paced), on one cluster.
+  declare -A L=()
+  start_daemon 3
+  latency_steps=("hold1 hold1.lua 1 1000000" "hot1 hold1.lua 1 0" "hold4 holds.lua 4 1000000" "hot4 holds.lua 4 0")
+  for ((round = 1; round <= rounds; round++)); do
+    echo "  latency: round $round of $rounds" >&2
+    for spec in "${latency_steps[@]}"; do
+      read -r step lua seats shows <<<"$spec"
+      run_wrk latency "$step-wrk" "$lua" 201 "$seats" "$shows"
+      record latency "$step-wrk.r$round" 3 "${R[ok_rps]}"
+      capacity=${R[ok_rps]}
+      L[$step,wrk,rps]+=" ${R[ok_rps]}"
+      L[$step,wrk,p50]+=" ${R[p50]}"
+      L[$step,wrk,p99]+=" ${R[p99]}"
+      L[$step,wrk,max]+=" ${R[max]}"
+      [[ "${R[valid]}" == ok ]] || L[$step,wrk,invalid]="${R[valid]} (${R[statuses]})"
+      for pct in 25 50 75; do
+        rate=$((capacity * pct / 100))
+        ((rate > 0)) || rate=1
+        run_paced latency "$step-$pct" "$seats" "$shows" "$rate"
+        record latency "$step-$pct.r$round" 3 "$capacity"
+        L[$step,$pct,offered]+=" $rate"
+        L[$step,$pct,rps]+=" ${R[ok_rps]}"
+        L[$step,$pct,p50]+=" ${R[p50]}"
+        L[$step,$pct,p99]+=" ${R[p99]}"
+        L[$step,$pct,p999]+=" ${R[p999]}"
+        L[$step,$pct,max]+=" ${R[max]}"
+        L[$step,$pct,send_p99]+=" ${R[send_p99]}"
+        L[$step,$pct,late]+=" $(awk -v l="${R[late_1ms]}" -v n="${R[requests]}" 'BEGIN{ if (n > 0) printf "%.1f", l * 100 / n; else print 0 }')"
+        [[ "${R[valid]}" == ok ]] || L[$step,$pct,invalid]="${R[valid]} (${R[statuses]})"
+        [[ -z "${R[note]}" ]] || L[$step,$pct,note]+="${R[note]}"
+      done
+    done
+  done
+  stop_daemon
+  for spec in "${latency_steps[@]}"; do
+    read -r step _ <<<"$spec"
+    for load in wrk 25 50 75; do
+      check="${L[$step,$load,invalid]:-}"
+      if [[ -n "$check" ]]; then
+        latency_lines+=("$(printf '%-6s %5s  INVALID in a round: %s' "$step" "$load" "$check")")
+        continue
+      fi
+      read -r -a rps <<<"${L[$step,$load,rps]}"
+      read -r -a p50 <<<"${L[$step,$load,p50]}"
+      read -r -a p99 <<<"${L[$step,$load,p99]}"
+      read -r -a maxes <<<"${L[$step,$load,max]}"
+      if [[ "$load" == wrk ]]; then
+        latency_lines+=("$(printf '%-6s %5s %9s %10s %7s %7s %7s %7s %9s %8s  %s' "$step" "wrk" "-" \
+          "$(median "${rps[@]}")" "$(median "${p50[@]}")" "$(median "${p99[@]}")" "-" \
+          "$(median "${maxes[@]}")" "-" "-" "closed loop: every connection always busy")")
+      else
+        read -r -a offered <<<"${L[$step,$load,offered]}"
+        read -r -a p999 <<<"${L[$step,$load,p999]}"
+        read -r -a sp99 <<<"${L[$step,$load,send_p99]}"
+        read -r -a late <<<"${L[$step,$load,late]}"
+        latency_lines+=("$(printf '%-6s %5s %9s %10s %7s %7s %7s %7s %9s %8s  %s' "$step" "$load%" \
+          "$(median "${offered[@]}")" "$(median "${rps[@]}")" "$(median "${p50[@]}")" "$(median "${p99[@]}")" \
+          "$(median "${p999[@]}")" "$(median "${maxes[@]}")" "$(median "${sp99[@]}")" "$(median "${late[@]}")%" \
+          "ok (p99 range $(spread "${p99[@]}") ms)${L[$step,$load,note]:-}")")
+      fi
+    done
+  done
+fi
+
 # ---------------------------------------------------------------- report
 
 echo
@@ -993,6 +1109,16 @@ if ((${#cpu_op_lines[@]})); then
   echo "x raw SET = the step's CPU per operation divided by raw's: what one answer costs Redis)"
   printf '%-8s %-24s %12s %9s\n' step "per" "us/op" "x raw SET"
   printf '%s\n' "${cpu_op_lines[@]}"
+fi
+if ((${#latency_lines[@]})); then
+  echo
+  echo "Latency at a fixed offered rate, 3 masters, median of $rounds round(s) (ms): each step first"
+  echo "with wrk (closed loop), then offered 25/50/75% of wrk's holds/s of the same round by paced"
+  echo "(open loop, $connections connections: each request is due at its time whether or not earlier"
+  echo "ones were answered; p50-max count from when it was due, \"sent p99\" from its send, as wrk"
+  echo "counts; late = sent more than 1 ms after it was due: all connections busy, or paced itself late)"
+  printf '%-6s %5s %9s %10s %7s %7s %7s %7s %9s %8s  %s\n' step load "offered/s" "answered/s" p50 p99 p99.9 max "sent p99" late check
+  printf '%s\n' "${latency_lines[@]}"
 fi
 if ((${#growth_lines[@]})); then
   echo

@@ -1,0 +1,434 @@
+//! paced: holds sent at a fixed rate (open loop), for the `latency` section
+//! of `cluster/bench.sh`.
+//!
+//! wrk keeps every connection busy: it sends the next request the moment
+//! the last answer arrives (a closed loop), so it measures how fast the
+//! daemon can go, and at that speed its latency is the number of
+//! connections divided by the throughput (Little's law), whatever the
+//! daemon does. What an operator sizes for is the latency at the load the
+//! daemon will carry. Here request i is due at `start + i / rate`, whether
+//! or not earlier ones were answered; the first of the connections that is
+//! free sends it when it is due (or as soon as one is free, when all are
+//! busy). Each answer's latency is counted from when its request was due,
+//! so a stall counts for every request it delayed, not only for the one it
+//! caught (what wrk2 calls correcting for coordinated omission), and also
+//! from when it was sent (what wrk counts).
+//!
+//! Build and run (the daemon first, e.g. `seathold dev`):
+//!
+//! ```text
+//! cargo build --release --example paced
+//! target/release/examples/paced --addr 127.0.0.1:8080 --rate 5000 --duration 10
+//! ```
+//!
+//! It prints one line, `BENCH<TAB>key=value...`, with the keys of
+//! `cluster/bench/common.lua` (`p50_us`, `p99_us` and `max_us` counted from
+//! when each request was due) and these:
+//! `offered_rps`, `p90_us`, `p999_us`, `send_p50_us`, `send_p99_us`,
+//! `send_p999_us`, `send_max_us` (counted from the send), and `late_1ms`
+//! (requests sent more than 1 ms after they were due: every connection was
+//! busy, or this process did not get a core in time).
+//!
+//! Seat ids never repeat within a run (`p<i>`, `p<i>-<k>` for the k-th seat
+//! of request i), so every hold should be granted: shows are `<run>-<n>`
+//! for a random n up to `--shows`, or the one show `<run>-hot` with
+//! `--shows 0`, as in the wrk scripts.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1;
+use hyper::{Method, Request};
+use hyper_util::rt::TokioIo;
+use rustix::time::Timespec;
+use rustix::time::{
+    timerfd_create, timerfd_settime, Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags,
+};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, Mutex};
+
+#[derive(Parser)]
+#[command(about = "Holds at a fixed rate (open loop); prints one BENCH line")]
+struct Args {
+    /// The daemon's address.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: String,
+    /// Requests per second, sent on schedule whatever the answers' latency.
+    #[arg(long)]
+    rate: f64,
+    /// Seconds measured, after the warm-up.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Seconds sent at the same rate first and not measured.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// Connections (at most this many requests are in flight).
+    #[arg(long, default_value_t = 50)]
+    connections: usize,
+    /// Seats per hold: 1 sends POST /v1/shows/{show}/seats/{seat}/hold
+    /// (no body), more send POST /v1/shows/{show}/holds {"seats":[...]}.
+    #[arg(long, default_value_t = 1)]
+    seats: usize,
+    /// Shows to draw each request's show from at random; 0: one hot show.
+    #[arg(long, default_value_t = 1_000_000)]
+    shows: u64,
+    /// Prefix of the show ids; use a new one for every run.
+    #[arg(long, default_value = "paced")]
+    run: String,
+    /// The status that counts as success.
+    #[arg(long, default_value_t = 201)]
+    expect: u16,
+    /// Seconds before a request without an answer counts as a timeout.
+    #[arg(long, default_value_t = 5.0)]
+    timeout: f64,
+    /// Also write every measured request to this file, one line each:
+    /// milliseconds from the start to when it was due, its latency from
+    /// then and from its send (microseconds), and its status; in due order.
+    #[arg(long)]
+    trace: Option<std::path::PathBuf>,
+}
+
+/// One measured request: its status (0: no answer) and its latency in
+/// microseconds from when it was due and from when it was sent.
+struct Sample {
+    due: Duration,
+    status: u16,
+    due_us: u32,
+    send_us: u32,
+}
+
+/// What a connection saw.
+#[derive(Default)]
+struct Seen {
+    samples: Vec<Sample>,
+    socket_errors: u64,
+    timeouts: u64,
+    late: u64,
+    first_bad: Option<String>,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let args = Arc::new(Args::parse());
+    if !(args.rate > 0.0 && args.duration > 0.0 && args.warmup >= 0.0) {
+        eprintln!("paced: --rate and --duration must be > 0, --warmup >= 0");
+        std::process::exit(2);
+    }
+    if args.connections == 0 || args.seats == 0 {
+        eprintln!("paced: --connections and --seats must be >= 1");
+        std::process::exit(2);
+    }
+    // Connect first, so that the schedule does not start with handshakes.
+    let mut senders = Vec::with_capacity(args.connections);
+    for _ in 0..args.connections {
+        match connect(&args.addr).await {
+            Ok(s) => senders.push(s),
+            Err(e) => {
+                eprintln!("paced: cannot connect to {}: {e}", args.addr);
+                std::process::exit(1);
+            }
+        }
+    }
+    let schedule = Schedule::new(&args);
+    let (due, slots) = mpsc::unbounded_channel();
+    // tokio's timer has a 1 ms grain; a timerfd wakes this same thread
+    // when each request is due, within microseconds. The connections take
+    // the released requests in order.
+    let releaser = tokio::spawn(schedule.release(due));
+    let slots = Arc::new(Mutex::new(slots));
+    let tasks: Vec<_> = senders
+        .into_iter()
+        .map(|sender| tokio::spawn(connection(args.clone(), schedule, slots.clone(), sender)))
+        .collect();
+    let mut seen = Seen::default();
+    for t in tasks {
+        let s = t.await.expect("a connection task panicked");
+        seen.samples.extend(s.samples);
+        seen.socket_errors += s.socket_errors;
+        seen.timeouts += s.timeouts;
+        seen.late += s.late;
+        if seen.first_bad.is_none() {
+            seen.first_bad = s.first_bad;
+        }
+    }
+    if let Err(e) = releaser.await.expect("the releasing task panicked") {
+        eprintln!("paced: timerfd: {e}");
+        std::process::exit(1);
+    }
+    if let Some(path) = &args.trace {
+        seen.samples.sort_unstable_by_key(|s| s.due);
+        let lines: String = seen
+            .samples
+            .iter()
+            .map(|s| {
+                format!(
+                    "{:.3} {} {} {}\n",
+                    s.due.as_secs_f64() * 1e3,
+                    s.due_us,
+                    s.send_us,
+                    s.status
+                )
+            })
+            .collect();
+        if let Err(e) = std::fs::write(path, lines) {
+            eprintln!("paced: cannot write {}: {e}", path.display());
+            std::process::exit(1);
+        }
+    }
+    println!("{}", report(&args, seen));
+}
+
+/// When each request is due: request i at `start + i / rate`; those due
+/// before `measured_from` are the warm-up, and none is due from `end` on.
+#[derive(Clone, Copy)]
+struct Schedule {
+    start: Instant,
+    rate: f64,
+    measured_from: Instant,
+    end: Instant,
+}
+
+impl Schedule {
+    fn new(args: &Args) -> Self {
+        let start = Instant::now();
+        let measured_from = start + Duration::from_secs_f64(args.warmup);
+        Self {
+            start,
+            rate: args.rate,
+            measured_from,
+            end: measured_from + Duration::from_secs_f64(args.duration),
+        }
+    }
+
+    fn due(&self, i: u64) -> Instant {
+        self.start + Duration::from_secs_f64(i as f64 / self.rate)
+    }
+
+    /// Sends each request's number into `due` when it is due; returns (and
+    /// so closes the channel) when the schedule ends.
+    async fn release(self, due: mpsc::UnboundedSender<u64>) -> std::io::Result<()> {
+        let timer = timerfd_create(
+            TimerfdClockId::Monotonic,
+            TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
+        )?;
+        // SAFETY: the AsyncFd owns the OwnedFd, so the descriptor stays
+        // open for as long as it is registered.
+        let timer = unsafe { AsyncFd::register_with_interest(timer, Interest::READABLE) }
+            .map_err(|e| e.into_parts().1)?;
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let mut i = 0;
+        loop {
+            let at = self.due(i);
+            if at >= self.end {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if at > now {
+                let wait = at - now;
+                let value = Timespec {
+                    tv_sec: wait.as_secs() as _,
+                    tv_nsec: wait.subsec_nanos().into(),
+                };
+                let spec = Itimerspec {
+                    it_interval: zero,
+                    it_value: value,
+                };
+                timerfd_settime(timer.get_ref(), TimerfdTimerFlags::empty(), &spec)?;
+                loop {
+                    let mut ready = timer.readable().await?;
+                    match rustix::io::read(timer.get_ref(), &mut [0u8; 8]) {
+                        Ok(_) => break,
+                        Err(rustix::io::Errno::AGAIN) => ready.clear_ready(),
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            let now = Instant::now();
+            while self.due(i) <= now && self.due(i) < self.end {
+                if due.send(i).is_err() {
+                    return Ok(());
+                }
+                i += 1;
+            }
+        }
+    }
+}
+
+type Sender = http1::SendRequest<Full<Bytes>>;
+
+async fn connect(addr: &str) -> std::io::Result<Sender> {
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (sender, conn) = http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::spawn(async move {
+        // Ends when the connection closes; its errors reach send_request.
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+/// Sends the requests that are due, one at a time, until the schedule ends.
+async fn connection(
+    args: Arc<Args>,
+    schedule: Schedule,
+    slots: Arc<Mutex<mpsc::UnboundedReceiver<u64>>>,
+    mut sender: Sender,
+) -> Seen {
+    let mut seen = Seen::default();
+    let limit = Duration::from_secs_f64(args.timeout);
+    loop {
+        let Some(i) = slots.lock().await.recv().await else {
+            return seen;
+        };
+        let due = schedule.due(i);
+        let measured = due >= schedule.measured_from;
+        let request = request(&args, i);
+        let sent = Instant::now();
+        if sent > due + Duration::from_millis(1) && measured {
+            seen.late += 1;
+        }
+        let answer = tokio::time::timeout(limit, async {
+            let response = sender.send_request(request).await?;
+            let status = response.status().as_u16();
+            let body = response.into_body().collect().await?.to_bytes();
+            Ok::<_, hyper::Error>((status, body))
+        })
+        .await;
+        let done = Instant::now();
+        let status = match answer {
+            Ok(Ok((status, body))) => {
+                if status != args.expect && seen.first_bad.is_none() {
+                    seen.first_bad =
+                        Some(String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned());
+                }
+                status
+            }
+            failed => {
+                if failed.is_err() {
+                    seen.timeouts += 1;
+                }
+                seen.socket_errors += 1;
+                // The connection is in an unknown state: start a new one.
+                match connect(&args.addr).await {
+                    Ok(s) => sender = s,
+                    Err(_) => return seen,
+                }
+                0
+            }
+        };
+        if measured {
+            seen.samples.push(Sample {
+                due: due - schedule.start,
+                status,
+                due_us: micros(done - due),
+                send_us: micros(done - sent),
+            });
+        }
+    }
+}
+
+fn micros(d: Duration) -> u32 {
+    u32::try_from(d.as_micros()).unwrap_or(u32::MAX)
+}
+
+/// Request i: a hold of fresh seats of a random show (or the hot show).
+fn request(args: &Args, i: u64) -> Request<Full<Bytes>> {
+    let show = if args.shows == 0 {
+        format!("{}-hot", args.run)
+    } else {
+        format!("{}-{}", args.run, rand::random_range(1..=args.shows))
+    };
+    let builder = Request::builder()
+        .method(Method::POST)
+        .header("host", "seathold");
+    let built = if args.seats == 1 {
+        builder
+            .uri(format!("/v1/shows/{show}/seats/p{i}/hold"))
+            .body(Full::new(Bytes::new()))
+    } else {
+        let seats: Vec<String> = (1..=args.seats).map(|k| format!("\"p{i}-{k}\"")).collect();
+        builder
+            .uri(format!("/v1/shows/{show}/holds"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(format!(
+                "{{\"seats\":[{}]}}",
+                seats.join(",")
+            ))))
+    };
+    built.expect("a valid request")
+}
+
+/// The BENCH line: counts by status, and percentiles of both latencies.
+fn report(args: &Args, seen: Seen) -> String {
+    let mut statuses = std::collections::BTreeMap::new();
+    for s in seen.samples.iter().filter(|s| s.status != 0) {
+        *statuses.entry(s.status).or_insert(0u64) += 1;
+    }
+    let counted: u64 = statuses.values().sum();
+    let ok = statuses.get(&args.expect).copied().unwrap_or(0);
+    let mut due: Vec<u32> = seen.samples.iter().map(|s| s.due_us).collect();
+    let mut send: Vec<u32> = seen.samples.iter().map(|s| s.send_us).collect();
+    due.sort_unstable();
+    send.sort_unstable();
+    let mean = if due.is_empty() {
+        0
+    } else {
+        due.iter().map(|&v| u64::from(v)).sum::<u64>() / due.len() as u64
+    };
+    let statuses = if statuses.is_empty() {
+        "none".to_string()
+    } else {
+        statuses
+            .iter()
+            .map(|(s, n)| format!("{s}:{n}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let sample = seen
+        .first_bad
+        .unwrap_or_default()
+        .replace(['\t', '\r', '\n'], " ");
+    let fields = [
+        format!("duration_us={:.0}", args.duration * 1e6),
+        format!("requests={}", seen.samples.len()),
+        format!("counted={counted}"),
+        format!("ok={ok}"),
+        format!("not_ok={}", counted - ok),
+        format!("statuses={statuses}"),
+        format!("socket_errors={}", seen.socket_errors),
+        format!("timeouts={}", seen.timeouts),
+        format!("p50_us={}", percentile(&due, 50.0)),
+        format!("p90_us={}", percentile(&due, 90.0)),
+        format!("p99_us={}", percentile(&due, 99.0)),
+        format!("p999_us={}", percentile(&due, 99.9)),
+        format!("max_us={}", due.last().copied().unwrap_or(0)),
+        format!("mean_us={mean}"),
+        format!("send_p50_us={}", percentile(&send, 50.0)),
+        format!("send_p99_us={}", percentile(&send, 99.0)),
+        format!("send_p999_us={}", percentile(&send, 99.9)),
+        format!("send_max_us={}", send.last().copied().unwrap_or(0)),
+        format!("late_1ms={}", seen.late),
+        format!("offered_rps={:.0}", args.rate),
+        format!("sample={sample}"),
+    ];
+    format!("BENCH\t{}", fields.join("\t"))
+}
+
+/// The value below which `p` percent of the sorted values lie (nearest rank).
+fn percentile(sorted: &[u32], p: f64) -> u32 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
