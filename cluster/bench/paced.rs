@@ -114,7 +114,7 @@ struct Seen {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let args = Arc::new(Args::parse());
+    let args = Args::parse();
     if !(args.rate > 0.0 && args.duration > 0.0 && args.warmup >= 0.0) {
         eprintln!("paced: --rate and --duration must be > 0, --warmup >= 0");
         std::process::exit(2);
@@ -123,16 +123,46 @@ async fn main() {
         eprintln!("paced: --connections and --seats must be >= 1");
         std::process::exit(2);
     }
+    let args = Arc::new(args);
+    let mut seen = match run(args.clone()).await {
+        Ok(seen) => seen,
+        Err(e) => {
+            eprintln!("paced: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Some(path) = &args.trace {
+        seen.samples.sort_unstable_by_key(|s| s.due);
+        let lines: String = seen
+            .samples
+            .iter()
+            .map(|s| {
+                format!(
+                    "{:.3} {} {} {}\n",
+                    s.due.as_secs_f64() * 1e3,
+                    s.due_us,
+                    s.send_us,
+                    s.status
+                )
+            })
+            .collect();
+        if let Err(e) = std::fs::write(path, lines) {
+            eprintln!("paced: cannot write {}: {e}", path.display());
+            std::process::exit(1);
+        }
+    }
+    println!("{}", report(&args, seen));
+}
+
+/// Connects, sends the whole schedule and gathers what every connection saw.
+async fn run(args: Arc<Args>) -> std::io::Result<Seen> {
     // Connect first, so that the schedule does not start with handshakes.
     let mut senders = Vec::with_capacity(args.connections);
     for _ in 0..args.connections {
-        match connect(&args.addr).await {
-            Ok(s) => senders.push(s),
-            Err(e) => {
-                eprintln!("paced: cannot connect to {}: {e}", args.addr);
-                std::process::exit(1);
-            }
-        }
+        let sender = connect(&args.addr).await.map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot connect to {}: {e}", args.addr))
+        })?;
+        senders.push(sender);
     }
     let schedule = Schedule::new(&args);
     let (due, slots) = mpsc::unbounded_channel();
@@ -156,31 +186,11 @@ async fn main() {
             seen.first_bad = s.first_bad;
         }
     }
-    if let Err(e) = releaser.await.expect("the releasing task panicked") {
-        eprintln!("paced: timerfd: {e}");
-        std::process::exit(1);
-    }
-    if let Some(path) = &args.trace {
-        seen.samples.sort_unstable_by_key(|s| s.due);
-        let lines: String = seen
-            .samples
-            .iter()
-            .map(|s| {
-                format!(
-                    "{:.3} {} {} {}\n",
-                    s.due.as_secs_f64() * 1e3,
-                    s.due_us,
-                    s.send_us,
-                    s.status
-                )
-            })
-            .collect();
-        if let Err(e) = std::fs::write(path, lines) {
-            eprintln!("paced: cannot write {}: {e}", path.display());
-            std::process::exit(1);
-        }
-    }
-    println!("{}", report(&args, seen));
+    releaser
+        .await
+        .expect("the releasing task panicked")
+        .map_err(|e| std::io::Error::new(e.kind(), format!("timerfd: {e}")))?;
+    Ok(seen)
 }
 
 /// When each request is due: request i at `start + i / rate`; those due
@@ -429,6 +439,141 @@ fn percentile(sorted: &[u32], p: f64) -> u32 {
     if sorted.is_empty() {
         return 0;
     }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    // 99.9 is not exact in binary: 0.999 x 1000 comes out a hair above
+    // 999, which would round up to the next rank.
+    let rank = ((p / 100.0) * sorted.len() as f64 - 1e-9).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::sync::Mutex as StdMutex;
+
+    use http_body_util::Full;
+    use hyper::server::conn::http1 as server;
+    use hyper::service::service_fn;
+    use hyper::{Response, StatusCode};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A server that answers every request 201, except that a request
+    /// arriving in `stall` is answered only when `stall` ends; it keeps
+    /// every path it was sent.
+    async fn server(stall: (Instant, Instant)) -> (String, Arc<StdMutex<Vec<String>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let paths = Arc::new(StdMutex::new(Vec::new()));
+        let seen = paths.clone();
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                        let seen = seen.clone();
+                        async move {
+                            seen.lock().unwrap().push(request.uri().path().to_string());
+                            let now = Instant::now();
+                            if now >= stall.0 && now < stall.1 {
+                                tokio::time::sleep_until(stall.1.into()).await;
+                            }
+                            let mut response = Response::new(Full::new(Bytes::from_static(b"{}")));
+                            *response.status_mut() = StatusCode::CREATED;
+                            Ok::<_, hyper::Error>(response)
+                        }
+                    });
+                    let _ = server::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        (addr, paths)
+    }
+
+    fn args(addr: String) -> Args {
+        Args {
+            addr,
+            rate: 1000.0,
+            duration: 1.0,
+            warmup: 0.2,
+            connections: 4,
+            seats: 1,
+            shows: 1000,
+            run: "t".into(),
+            expect: 201,
+            timeout: 5.0,
+            trace: None,
+        }
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<u32> = (1..=1000).collect();
+        assert_eq!(percentile(&v, 50.0), 500);
+        assert_eq!(percentile(&v, 99.0), 990);
+        assert_eq!(percentile(&v, 99.9), 999);
+        assert_eq!(percentile(&v, 100.0), 1000);
+        assert_eq!(percentile(&[7], 99.0), 7);
+        assert_eq!(percentile(&[], 99.0), 0);
+    }
+
+    /// The point of an open loop: a stall of the server delays every
+    /// request due while it lasts, and each of them counts it (from when it
+    /// was due), not only the few requests that were in flight.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_stall_counts_for_every_request_it_delays() {
+        let t0 = Instant::now();
+        let stall = (
+            t0 + Duration::from_millis(500),
+            t0 + Duration::from_millis(700),
+        );
+        let (addr, paths) = server(stall).await;
+        let args = Arc::new(args(addr));
+        let seen = run(args.clone()).await.unwrap();
+
+        // Every request of the measured second, each answered once, and
+        // no seat sent twice (warm-up included).
+        assert_eq!(seen.samples.len(), 1000);
+        assert!(seen.samples.iter().all(|s| s.status == 201));
+        assert_eq!(seen.socket_errors, 0);
+        let paths = paths.lock().unwrap();
+        assert_eq!(paths.len(), 1200);
+        assert_eq!(paths.iter().collect::<HashSet<_>>().len(), 1200);
+        assert!(
+            paths[0].starts_with("/v1/shows/t-") && paths[0].ends_with("/hold"),
+            "{}",
+            paths[0]
+        );
+
+        // About 200 requests were due during the stall; the 4 connections
+        // were stuck in it, so all of them waited, most over 50 ms.
+        let waited = seen.samples.iter().filter(|s| s.due_us >= 50_000).count();
+        let stuck = seen.samples.iter().filter(|s| s.send_us >= 50_000).count();
+        assert!(
+            (100..=260).contains(&waited),
+            "{waited} requests waited >= 50 ms"
+        );
+        assert!(stuck <= 8, "{stuck} requests took >= 50 ms from their send");
+        assert!(seen.late >= 100, "{} requests sent late", seen.late);
+        let report = report(&args, seen);
+        assert!(report.starts_with("BENCH\t"), "{report}");
+        assert!(
+            report.contains("\tok=1000\t") && report.contains("\tstatuses=201:1000\t"),
+            "{report}"
+        );
+    }
+
+    /// Four-seat holds go to /holds with four distinct seats in the body.
+    #[test]
+    fn several_seats_go_to_the_holds_route() {
+        let mut a = args(String::new());
+        a.seats = 4;
+        a.shows = 0;
+        let request = request(&a, 7);
+        assert_eq!(request.uri().path(), "/v1/shows/t-hot/holds");
+        assert_eq!(request.headers()["content-type"], "application/json");
+    }
 }
