@@ -10,11 +10,21 @@
 #   cluster/bench/ab.sh BIN_A BIN_B [RUNS [SECONDS [SHOWS]]]
 # SHOWS: distinct shows to draw from (default 1000000000: nearly every hold
 # on a new show; 0: one hot show). Defaults: 5 runs of 20 s each.
-# Needs wrk, curl, redis-server.
+# With RATE=N in the environment, the holds are offered at N per second by
+# cluster/bench/paced.rs (open loop) instead of as fast
+# as wrk can, and p50/p99/slowest count from when each request was due;
+# PACED names its binary (default target/release/examples/paced).
+# Needs wrk (or paced), curl, redis-server.
 set -euo pipefail
 
 a=$1 b=$2 runs=${3:-5} secs=${4:-20} shows=${5:-1000000000}
 here=$(cd "$(dirname "$0")" && pwd)
+rate=${RATE:-}
+paced=${PACED:-$here/../../target/release/examples/paced}
+if [[ -n "$rate" && ! -x "$paced" ]]; then
+  echo "ab.sh: RATE needs $paced (cargo build --release --example paced)" >&2
+  exit 2
+fi
 # shellcheck source=cluster/bench/dev.sh
 source "$here/dev.sh"
 
@@ -29,8 +39,14 @@ one() {
   local name=$1 bin=$2 line d0 d1 m0 m1
   start_dev "$bin" 18093
   d0=$(ticks "$dev_pid") m0=$(master_ticks)
-  line=$(BENCH_RUN="ab$RANDOM" BENCH_SHOWS=$shows BENCH_EXPECT=201 \
-    wrk -t2 -c50 -d"${secs}s" -s "$here/hold1.lua" http://127.0.0.1:18093 | grep '^BENCH')
+  if [[ -n "$rate" ]]; then
+    # No warm-up, as with wrk: the CPU measured is that of the answers counted.
+    line=$("$paced" --addr 127.0.0.1:18093 --rate "$rate" --duration "$secs" --warmup 0 \
+      --shows "$shows" --run "ab$RANDOM" | grep '^BENCH')
+  else
+    line=$(BENCH_RUN="ab$RANDOM" BENCH_SHOWS=$shows BENCH_EXPECT=201 \
+      wrk -t2 -c50 -d"${secs}s" -s "$here/hold1.lua" http://127.0.0.1:18093 | grep '^BENCH')
+  fi
   d1=$(ticks "$dev_pid") m1=$(master_ticks)
   kill -INT "$dev_pid" 2>/dev/null || true
   wait "$dev_pid" 2>/dev/null || true
