@@ -75,7 +75,7 @@ Options:
                            target/release/seathold with `cargo build --release`
       --paced PATH         the latency section's load generator (default:
                            target/release/examples/paced, built with
-                           `cargo build --release --example paced` when missing)
+                           `cargo build --release --example paced`)
   -h, --help               this text
 
 Needs wrk, redis-benchmark, redis-cli, redis-server and curl on PATH
@@ -170,12 +170,11 @@ if [[ -z "$bin" ]]; then
 fi
 [[ -x "$bin" ]] || die "seathold binary $bin is missing or not executable"
 if has_section latency && [[ -z "$paced" ]]; then
+  # Built like the daemon: cargo rebuilds it only when its source changed.
+  command -v cargo >/dev/null 2>&1 || die "cargo not found: install Rust (https://rustup.rs) or pass --paced PATH"
+  echo "building the latency section's load generator (cargo build --release --example paced)..." >&2
+  (cd "$repo" && cargo build --release --quiet --example paced) || die "cargo build --release --example paced failed"
   paced="$repo/target/release/examples/paced"
-  if [[ ! -x "$paced" ]]; then
-    command -v cargo >/dev/null 2>&1 || die "cargo not found: install Rust (https://rustup.rs) or pass --paced PATH"
-    echo "building the latency section's load generator (cargo build --release --example paced)..." >&2
-    (cd "$repo" && cargo build --release --quiet --example paced) || die "cargo build --release --example paced failed"
-  fi
 fi
 ! has_section latency || [[ -x "$paced" ]] || die "load generator $paced is missing or not executable"
 
