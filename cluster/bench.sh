@@ -76,6 +76,10 @@ Options:
       --paced PATH         the latency section's load generator (default:
                            target/release/examples/paced, built with
                            `cargo build --release --example paced`)
+      --arrivals KIND      how the latency section spaces its requests: even
+                           (every 1/rate, the default) or poisson (random
+                           gaps of mean 1/rate, as independent customers
+                           arrive, bursts included)
   -h, --help               this text
 
 Needs wrk, redis-benchmark, redis-cli, redis-server and curl on PATH
@@ -100,6 +104,7 @@ rounds=3
 out=""
 bin=""
 paced=""
+arrivals=even
 
 die() { echo "bench.sh: $*" >&2; exit 2; }
 need_arg() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value (see --help)"; }
@@ -119,6 +124,7 @@ while [[ $# -gt 0 ]]; do
     -o|--out) need_arg "$@"; out=$2; shift 2 ;;
     --bin) need_arg "$@"; bin=$2; shift 2 ;;
     --paced) need_arg "$@"; paced=$2; shift 2 ;;
+    --arrivals) need_arg "$@"; arrivals=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
@@ -127,6 +133,7 @@ done
 is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
 if ! is_uint "$duration" || ((duration < 1)); then die "--duration must be a whole number of seconds >= 1"; fi
 is_uint "$warmup" || die "--warmup must be a whole number of seconds"
+[[ "$arrivals" == even || "$arrivals" == poisson ]] || die "--arrivals must be even or poisson"
 if ! is_uint "$connections" || ((connections < 1)); then die "--connections must be >= 1"; fi
 if ! is_uint "$threads" || ((threads < 1)); then die "--threads must be >= 1"; fi
 ((connections >= threads)) || die "--connections must be at least --threads (wrk needs one per thread)"
@@ -690,7 +697,8 @@ measure_paced() {
   measure_n=$((measure_n + 1))
   measure_client timeout $((warmup + duration + 30)) "$paced" --addr "${url#http://}" \
     --rate "$rate" --duration "$duration" --warmup "$warmup" --connections "$connections" \
-    --seats "$seats" --shows "$shows" --run "${run_id}p${step}n$measure_n"
+    --seats "$seats" --shows "$shows" --arrivals "$arrivals" --seed "$measure_n" \
+    --run "${run_id}p${step}n$measure_n"
   parse_bench paced "$step" 201 "$seats"
   R[p999]=$(awk -v v="${R[p999_us]}" 'BEGIN{printf "%.2f", v / 1000}')
   R[send_p99]=$(awk -v v="${R[send_p99_us]}" 'BEGIN{printf "%.2f", v / 1000}')
@@ -1113,9 +1121,9 @@ if ((${#latency_lines[@]})); then
   echo
   echo "Latency at a fixed offered rate, 3 masters, median of $rounds round(s) (ms): each step first"
   echo "with wrk (closed loop), then offered 25/50/75% of wrk's holds/s of the same round by paced"
-  echo "(open loop, $connections connections: each request is due at its time whether or not earlier"
-  echo "ones were answered; p50-max count from when it was due, \"sent p99\" from its send, as wrk"
-  echo "counts; late = sent more than 1 ms after it was due: all connections busy, or paced itself late)"
+  echo "(open loop, $connections connections, $arrivals arrivals: each request is due at its time whether"
+  echo "or not earlier ones were answered; p50-max count from when it was due, \"sent p99\" from its send,"
+  echo "as wrk counts; late = sent more than 1 ms after it was due: all connections busy, or paced itself late)"
   printf '%-6s %5s %9s %10s %7s %7s %7s %7s %9s %8s  %s\n' step load "offered/s" "answered/s" p50 p99 p99.9 max "sent p99" late check
   printf '%s\n' "${latency_lines[@]}"
 fi

@@ -13,13 +13,15 @@
 # With RATE=N in the environment, the holds are offered at N per second by
 # cluster/bench/paced.rs (open loop) instead of as fast
 # as wrk can, and p50/p99/slowest count from when each request was due;
-# PACED names its binary (default target/release/examples/paced).
+# PACED names its binary (default target/release/examples/paced), and
+# ARRIVALS=poisson spaces the holds at random (default: even).
 # Needs wrk (or paced), curl, redis-server.
 set -euo pipefail
 
 a=$1 b=$2 runs=${3:-5} secs=${4:-20} shows=${5:-1000000000}
 here=$(cd "$(dirname "$0")" && pwd)
 rate=${RATE:-}
+arrivals=${ARRIVALS:-even}
 paced=${PACED:-$here/../../target/release/examples/paced}
 if [[ -n "$rate" && ! -x "$paced" ]]; then
   echo "ab.sh: RATE needs $paced (cargo build --release --example paced)" >&2
@@ -41,7 +43,7 @@ one() {
   d0=$(ticks "$dev_pid") m0=$(master_ticks)
   if [[ -n "$rate" ]]; then
     # No warm-up, as with wrk: the CPU measured is that of the answers counted.
-    line=$("$paced" --addr 127.0.0.1:18093 --rate "$rate" --duration "$secs" --warmup 0 \
+    line=$("$paced" --addr 127.0.0.1:18093 --rate "$rate" --arrivals "$arrivals" --duration "$secs" --warmup 0 \
       --shows "$shows" --run "ab$RANDOM" | grep '^BENCH')
   else
     line=$(BENCH_RUN="ab$RANDOM" BENCH_SHOWS=$shows BENCH_EXPECT=201 \

@@ -25,9 +25,9 @@
 //! `cluster/bench/common.lua` (`p50_us`, `p99_us` and `max_us` counted from
 //! when each request was due) and these:
 //! `offered_rps`, `p90_us`, `p999_us`, `send_p50_us`, `send_p99_us`,
-//! `send_p999_us`, `send_max_us` (counted from the send), and `late_1ms`
+//! `send_p999_us`, `send_max_us` (counted from the send), `late_1ms`
 //! (requests sent more than 1 ms after they were due: every connection was
-//! busy, or this process did not get a core in time).
+//! busy, or this process did not get a core in time), and `arrivals`.
 //!
 //! Seat ids never repeat within a run (`p<i>`, `p<i>-<k>` for the k-th seat
 //! of request i), so every hold should be granted: shows are `<run>-<n>`
@@ -52,6 +52,17 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Mutex};
 
+/// How the requests' due times are spaced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Arrivals {
+    /// Request i at `i / rate`: the same gap between every two.
+    Even,
+    /// Gaps drawn independently from an exponential distribution of mean
+    /// `1 / rate` (a Poisson process): the arrivals of many independent
+    /// clients, with their bursts.
+    Poisson,
+}
+
 #[derive(Parser)]
 #[command(about = "Holds at a fixed rate (open loop); prints one BENCH line")]
 struct Args {
@@ -61,6 +72,13 @@ struct Args {
     /// Requests per second, sent on schedule whatever the answers' latency.
     #[arg(long)]
     rate: f64,
+    /// How the requests are spaced: `even` (every 1/rate) or `poisson`
+    /// (random gaps of mean 1/rate).
+    #[arg(long, value_enum, default_value_t = Arrivals::Even)]
+    arrivals: Arrivals,
+    /// Seed of the Poisson arrivals: the same seed gives the same schedule.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
     /// Seconds measured, after the warm-up.
     #[arg(long, default_value_t = 10.0)]
     duration: f64,
@@ -169,11 +187,18 @@ async fn run(args: Arc<Args>) -> std::io::Result<Seen> {
     // tokio's timer has a 1 ms grain; a timerfd wakes this same thread
     // when each request is due, within microseconds. The connections take
     // the released requests in order.
-    let releaser = tokio::spawn(schedule.release(due));
+    let releaser = tokio::spawn(schedule.clone().release(due));
     let slots = Arc::new(Mutex::new(slots));
     let tasks: Vec<_> = senders
         .into_iter()
-        .map(|sender| tokio::spawn(connection(args.clone(), schedule, slots.clone(), sender)))
+        .map(|sender| {
+            tokio::spawn(connection(
+                args.clone(),
+                schedule.clone(),
+                slots.clone(),
+                sender,
+            ))
+        })
         .collect();
     let mut seen = Seen::default();
     for t in tasks {
@@ -193,35 +218,43 @@ async fn run(args: Arc<Args>) -> std::io::Result<Seen> {
     Ok(seen)
 }
 
-/// When each request is due: request i at `start + i / rate`; those due
-/// before `measured_from` are the warm-up, and none is due from `end` on.
-#[derive(Clone, Copy)]
+/// When each request is due, from the start: spaced as `--arrivals` says,
+/// `1 / rate` apart on average, until the warm-up and the measured time
+/// are over; those due before the warm-up's end are not measured.
+#[derive(Clone)]
 struct Schedule {
     start: Instant,
-    rate: f64,
-    measured_from: Instant,
-    end: Instant,
+    offsets: Arc<[Duration]>,
+    measured_from: Duration,
 }
 
 impl Schedule {
     fn new(args: &Args) -> Self {
-        let start = Instant::now();
-        let measured_from = start + Duration::from_secs_f64(args.warmup);
+        let offsets = offsets(
+            args.arrivals,
+            args.rate,
+            args.warmup + args.duration,
+            args.seed,
+        );
         Self {
-            start,
-            rate: args.rate,
-            measured_from,
-            end: measured_from + Duration::from_secs_f64(args.duration),
+            start: Instant::now(),
+            offsets: offsets.into(),
+            measured_from: Duration::from_secs_f64(args.warmup),
         }
     }
 
-    fn due(&self, i: u64) -> Instant {
-        self.start + Duration::from_secs_f64(i as f64 / self.rate)
+    /// When request i is due (i is below the number of requests).
+    fn due(&self, i: usize) -> Instant {
+        self.start + self.offsets[i]
+    }
+
+    fn measured(&self, i: usize) -> bool {
+        self.offsets[i] >= self.measured_from
     }
 
     /// Sends each request's number into `due` when it is due; returns (and
     /// so closes the channel) when the schedule ends.
-    async fn release(self, due: mpsc::UnboundedSender<u64>) -> std::io::Result<()> {
+    async fn release(self, due: mpsc::UnboundedSender<usize>) -> std::io::Result<()> {
         let timer = timerfd_create(
             TimerfdClockId::Monotonic,
             TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
@@ -236,10 +269,10 @@ impl Schedule {
         };
         let mut i = 0;
         loop {
-            let at = self.due(i);
-            if at >= self.end {
+            if i == self.offsets.len() {
                 return Ok(());
             }
+            let at = self.due(i);
             let now = Instant::now();
             if at > now {
                 let wait = at - now;
@@ -262,7 +295,7 @@ impl Schedule {
                 }
             }
             let now = Instant::now();
-            while self.due(i) <= now && self.due(i) < self.end {
+            while i < self.offsets.len() && self.due(i) <= now {
                 if due.send(i).is_err() {
                     return Ok(());
                 }
@@ -291,7 +324,7 @@ async fn connect(addr: &str) -> std::io::Result<Sender> {
 async fn connection(
     args: Arc<Args>,
     schedule: Schedule,
-    slots: Arc<Mutex<mpsc::UnboundedReceiver<u64>>>,
+    slots: Arc<Mutex<mpsc::UnboundedReceiver<usize>>>,
     mut sender: Sender,
 ) -> Seen {
     let mut seen = Seen::default();
@@ -301,7 +334,7 @@ async fn connection(
             return seen;
         };
         let due = schedule.due(i);
-        let measured = due >= schedule.measured_from;
+        let measured = schedule.measured(i);
         let request = request(&args, i);
         let sent = Instant::now();
         if sent > due + Duration::from_millis(1) && measured {
@@ -352,7 +385,7 @@ fn micros(d: Duration) -> u32 {
 }
 
 /// Request i: a hold of fresh seats of a random show (or the hot show).
-fn request(args: &Args, i: u64) -> Request<Full<Bytes>> {
+fn request(args: &Args, i: usize) -> Request<Full<Bytes>> {
     let show = if args.shows == 0 {
         format!("{}-hot", args.run)
     } else {
@@ -429,9 +462,47 @@ fn report(args: &Args, seen: Seen) -> String {
         format!("send_max_us={}", send.last().copied().unwrap_or(0)),
         format!("late_1ms={}", seen.late),
         format!("offered_rps={:.0}", args.rate),
+        format!(
+            "arrivals={}",
+            match args.arrivals {
+                Arrivals::Even => "even",
+                Arrivals::Poisson => "poisson",
+            }
+        ),
         format!("sample={sample}"),
     ];
     format!("BENCH\t{}", fields.join("\t"))
+}
+
+/// The due times of `seconds` of requests at `rate` per second, from the
+/// start, in increasing order.
+fn offsets(arrivals: Arrivals, rate: f64, seconds: f64, seed: u64) -> Vec<Duration> {
+    let mut out = Vec::with_capacity((rate * seconds * 1.01) as usize + 16);
+    match arrivals {
+        Arrivals::Even => {
+            for i in 0.. {
+                let t = i as f64 / rate;
+                if t >= seconds {
+                    break;
+                }
+                out.push(Duration::from_secs_f64(t));
+            }
+        }
+        Arrivals::Poisson => {
+            use rand::{Rng, SeedableRng};
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let mut t = 0.0;
+            loop {
+                // An exponential gap of mean 1 / rate; 1 - u is in (0, 1].
+                t += -(1.0 - rng.random::<f64>()).ln() / rate;
+                if t >= seconds {
+                    break;
+                }
+                out.push(Duration::from_secs_f64(t));
+            }
+        }
+    }
+    out
 }
 
 /// The value below which `p` percent of the sorted values lie (nearest rank).
@@ -497,6 +568,8 @@ mod tests {
         Args {
             addr,
             rate: 1000.0,
+            arrivals: Arrivals::Even,
+            seed: 1,
             duration: 1.0,
             warmup: 0.2,
             connections: 4,
@@ -563,6 +636,46 @@ mod tests {
         assert!(
             report.contains("\tok=1000\t") && report.contains("\tstatuses=201:1000\t"),
             "{report}"
+        );
+    }
+
+    /// Even arrivals are 1/rate apart; Poisson ones are as many on average,
+    /// with exponential gaps: their spread is their mean (coefficient of
+    /// variation 1), bursts and lulls included, and a seed repeats them.
+    #[test]
+    fn arrivals_are_even_or_poisson() {
+        let even = offsets(Arrivals::Even, 1000.0, 2.0, 1);
+        assert_eq!(even.len(), 2000);
+        assert_eq!(even[0], Duration::ZERO);
+        assert_eq!(even[1999], Duration::from_secs_f64(1.999));
+
+        let poisson = offsets(Arrivals::Poisson, 1000.0, 20.0, 7);
+        assert_eq!(poisson, offsets(Arrivals::Poisson, 1000.0, 20.0, 7));
+        assert_ne!(poisson, offsets(Arrivals::Poisson, 1000.0, 20.0, 8));
+        // 20,000 expected; the count of a Poisson process has sd sqrt(n).
+        assert!(
+            (19_400..=20_600).contains(&poisson.len()),
+            "{}",
+            poisson.len()
+        );
+        assert!(poisson.windows(2).all(|w| w[0] <= w[1]));
+        let gaps: Vec<f64> = poisson
+            .windows(2)
+            .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
+            .collect();
+        let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+        let sd = (gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64).sqrt();
+        assert!((0.97..=1.03).contains(&mean), "mean gap {mean} ms");
+        assert!(
+            (0.95..=1.05).contains(&(sd / mean)),
+            "coefficient of variation {}",
+            sd / mean
+        );
+        // Exponential gaps: P(gap > 3 x mean) = e^-3, about 5%.
+        let long = gaps.iter().filter(|&&g| g > 3.0).count() as f64 / gaps.len() as f64;
+        assert!(
+            (0.04..=0.06).contains(&long),
+            "{long} of the gaps over 3 ms"
         );
     }
 
