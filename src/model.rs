@@ -192,7 +192,9 @@ impl Contents {
     /// The record form: `show/seat` and `show/@pool=quantity`, joined by
     /// spaces.
     pub fn encode(&self, home: &ShowId) -> String {
-        let mut out = String::with_capacity(self.units() as usize * 16);
+        // One item per seat and per pool (not per unit: a pool's quantity
+        // may be up to u32::MAX, and 16 bytes each would ask for 64 GiB).
+        let mut out = String::with_capacity((self.seats.len() + self.pools.len()) * 24);
         let mut push = |item: std::fmt::Arguments<'_>| {
             if !out.is_empty() {
                 out.push(' ');

@@ -1122,6 +1122,34 @@ async fn capacity_below_held() {
     // Reading it created nothing either.
     let (status, _) = api.get(&format!("/v1/shows/{sh}/pools/balcony")).await;
     assert_eq!(status, 404);
+
+    // The largest quantity a request may name (4294967295), on each route
+    // that takes one, is refused like any other that is short, and the
+    // daemon lives on (it once reserved 16 bytes per unit for the hold's
+    // record, 64 GiB here, before asking Redis, and aborted).
+    let most = u64::from(u32::MAX);
+    let (status, body) = api.hold(&sh, json!({"pools": {"floor": most}})).await;
+    assert_error(status, &body, 409, "pool_exhausted");
+    assert_eq!(
+        body["pools"],
+        json!([{"pool": "floor", "requested": most, "available": 0}])
+    );
+    let (status, body) = api
+        .post(
+            "/v1/holds",
+            json!({"seats": [{"show": sh, "pool": "balcony", "quantity": most}]}),
+        )
+        .await;
+    assert_error(status, &body, 409, "pool_exhausted");
+    let held = api.hold_ok(&sh, json!({"seats": ["S1"]})).await;
+    let (status, body) = api
+        .patch(
+            &format!("/v1/shows/{sh}/holds/{held}"),
+            json!({"pools": {"floor": most}}),
+        )
+        .await;
+    assert_error(status, &body, 409, "pool_exhausted");
+    assert_eq!(api.pool(&sh, "floor").await, (20, 13, 7, 0));
 }
 
 /// Release gives units back, confirm turns them sold (once, however often
