@@ -71,6 +71,16 @@ impl Switch {
     }
 }
 
+/// Which routes `--api-token` guards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TokenScope {
+    /// The `PUT` routes (pool capacities and show settings), as the
+    /// contract has it: what configures a sale, not what buyers do.
+    Config,
+    /// Every write: `POST`, `PUT`, `PATCH` and `DELETE` under `/v1`.
+    Writes,
+}
+
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -251,11 +261,18 @@ pub struct Options {
     #[arg(long, env = "SEATHOLD_MAX_PER_HOLDER", default_value_t = 0)]
     pub max_per_holder: u64,
 
-    /// When set, every write route (POST, PUT, PATCH and DELETE under /v1)
-    /// needs `Authorization: Bearer <token>`; reads, health and metrics
+    /// When set, the PUT routes under /v1 (pool capacities, show settings)
+    /// need `Authorization: Bearer <token>`, and with `--api-token-scope
+    /// writes` every POST, PATCH and DELETE too; reads, health and metrics
     /// stay open. Prefer the environment variable to the flag.
     #[arg(long, env = "SEATHOLD_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,
+
+    /// Which routes --api-token guards: `config`, the PUT routes (pool
+    /// capacities, show settings), or `writes`, every POST, PUT, PATCH and
+    /// DELETE under /v1 (holds too).
+    #[arg(long, env = "SEATHOLD_API_TOKEN_SCOPE", value_enum, default_value_t = TokenScope::Config)]
+    pub api_token_scope: TokenScope,
 
     /// How often an idle expiry-event subscription is pinged, to notice a
     /// master that vanished without closing the connection.

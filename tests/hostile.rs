@@ -251,11 +251,82 @@ async fn garbage_on_the_wire_never_crashes_the_server() {
     s.hold(&sh, &["A1"]).await;
 }
 
+/// By default (`--api-token-scope config`) the token guards the PUT routes,
+/// which configure a sale, as the contract says; holds and their changes
+/// need none, whatever `Authorization` they carry.
 #[tokio::test]
-async fn api_token_guards_the_write_routes_only() {
+async fn api_token_guards_the_put_routes() {
     let _shared = common::shared().await;
     let mut opts = options();
     opts.api_token = Some("s3cret-token-for-tests".into());
+    let s = server_with(opts).await;
+    let sh = show("auth-put");
+    let hold = s.hold(&sh, &["A1"]).await;
+    let token = hold["holdToken"].as_str().expect("token").to_owned();
+    let (status, answer) = s
+        .call(
+            "PATCH",
+            &format!("/v1/shows/{sh}/holds/{token}"),
+            Some(json!({"add": ["A2"]})),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = s
+        .call(
+            "POST",
+            &format!("/v1/shows/{sh}/holds/{token}/extend"),
+            Some(json!({"ttlMs": 60000})),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = s
+        .call("DELETE", &format!("/v1/shows/{sh}/holds/{token}"), None)
+        .await;
+    assert_eq!(status, 204, "{answer}");
+    // A wrong token on a route that needs none changes nothing.
+    let r = s
+        .http
+        .post(format!("{}/v1/shows/{sh}/holds", s.base))
+        .header("authorization", "Bearer wrong-token-of-some-length")
+        .json(&json!({"seats": ["A3"]}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 201);
+
+    let puts = [
+        (
+            format!("/v1/shows/{sh}/pools/floor"),
+            json!({"capacity": 5}),
+        ),
+        (
+            format!("/v1/shows/{sh}/settings"),
+            json!({"maxPerHolder": 2}),
+        ),
+    ];
+    for (path, body) in &puts {
+        let (status, answer) = s.call("PUT", path, Some(body.clone())).await;
+        assert_eq!(status, 401, "PUT {path}: {answer}");
+        assert_eq!(answer["error"], "unauthorized", "{answer}");
+        let r = s
+            .http
+            .put(format!("{}{path}", s.base))
+            .header("authorization", "Bearer s3cret-token-for-tests")
+            .json(body)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status().as_u16(), 200, "PUT {path}");
+    }
+}
+
+/// With `--api-token-scope writes` every write needs the token.
+#[tokio::test]
+async fn api_token_scope_writes_guards_every_write() {
+    let _shared = common::shared().await;
+    let mut opts = options();
+    opts.api_token = Some("s3cret-token-for-tests".into());
+    opts.api_token_scope = seathold::config::TokenScope::Writes;
     let s = server_with(opts).await;
     let sh = show("auth");
     let url = format!("{}/v1/shows/{sh}/holds", s.base);
@@ -301,7 +372,7 @@ async fn api_token_guards_the_write_routes_only() {
     assert_eq!(s.get("/healthz").await.0, 200);
     assert_eq!(s.get("/readyz").await.0, 200);
     assert_eq!(s.get("/metrics").await.0, 200);
-    // DELETE, PATCH and PUT (which the contract names) are write routes.
+    // DELETE, PATCH and PUT are write routes.
     let writes = [
         ("DELETE", format!("/v1/shows/{sh}/holds/{token}"), None),
         (

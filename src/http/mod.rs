@@ -20,6 +20,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::cluster::Readiness;
+use crate::config::TokenScope;
 use crate::error::Error;
 use crate::hold::Service;
 use crate::metrics as m;
@@ -48,6 +49,7 @@ pub struct App {
     body: body::Limits,
     max_in_flight: usize,
     api_token: Option<String>,
+    api_token_scope: TokenScope,
     in_flight: AtomicUsize,
 }
 
@@ -73,6 +75,7 @@ impl App {
             },
             max_in_flight: opts.max_in_flight,
             api_token: opts.api_token.clone(),
+            api_token_scope: opts.api_token_scope,
             in_flight: AtomicUsize::new(0),
         }
     }
@@ -89,16 +92,21 @@ impl App {
         Ok(InFlight(&self.in_flight))
     }
 
-    /// With `--api-token`, write routes need `Authorization: Bearer <token>`,
-    /// compared in constant time.
+    /// With `--api-token`, the routes of its scope need `Authorization:
+    /// Bearer <token>`, compared in constant time: the `PUT` routes, or
+    /// with `--api-token-scope writes` every write.
     fn authorize(&self, method: &Method, headers: &hyper::HeaderMap) -> Result<(), Error> {
         let Some(expected) = &self.api_token else {
             return Ok(());
         };
-        if !matches!(
-            *method,
-            Method::POST | Method::DELETE | Method::PUT | Method::PATCH
-        ) {
+        let guarded = match self.api_token_scope {
+            TokenScope::Config => *method == Method::PUT,
+            TokenScope::Writes => matches!(
+                *method,
+                Method::POST | Method::DELETE | Method::PUT | Method::PATCH
+            ),
+        };
+        if !guarded {
             return Ok(());
         }
         let given = headers
