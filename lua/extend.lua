@@ -60,7 +60,12 @@ for j = 1, P do
   redis.call('ZADD', KEYS[pk + 2 * j - 1], 'XX', at, ARGV[qa + j - 1] .. ':' .. ARGV[1])
 end
 for h = 1, H do
-  redis.call('ZADD', KEYS[hk + 2 * h - 2], 'XX', at, ARGV[ua + h - 1] .. ':' .. ARGV[1])
+  local holds = KEYS[hk + 2 * h - 2]
+  redis.call('ZADD', holds, 'XX', at, ARGV[ua + h - 1] .. ':' .. ARGV[1])
+  -- The holder's set lives as long as its last hold (see hold.lua).
+  if redis.call('PEXPIRETIME', holds) < tonumber(at) then
+    redis.call('PEXPIREAT', holds, at)
+  end
 end
 for i = 1, E do
   local items = ARGV[ia + i - 1]

@@ -53,7 +53,8 @@
 -- first removes the holds whose expiry has passed on Redis's clock and gives
 -- their units back, so availability never counts an expired hold, whether or
 -- not its `expired` event was written yet. A holder's live holds are kept
--- the same way, and what it bought in a counter: the limit counts both.
+-- the same way, in a set that expires with the last of them, and what it
+-- bought in a counter: the limit counts both.
 --
 -- The record is written with NX: a record key that exists already is the
 -- tombstone that abandon.lua leaves for a hold whose request was answered
@@ -379,7 +380,14 @@ for j = 1, P do
   redis.call('ZADD', KEYS[pk + 2 * j - 1], at, q .. ':' .. token)
 end
 for h = 1, H do
-  redis.call('ZADD', KEYS[hk + 3 * h - 2], at, ARGV[ua + h - 1] .. ':' .. token)
+  local holds = KEYS[hk + 3 * h - 2]
+  redis.call('ZADD', holds, at, ARGV[ua + h - 1] .. ':' .. token)
+  -- The set lives as long as its last hold, so that a holder who never
+  -- comes back leaves nothing behind (its entries are pruned only when it
+  -- holds again).
+  if redis.call('PEXPIRETIME', holds) < tonumber(at) then
+    redis.call('PEXPIREAT', holds, at)
+  end
 end
 for i = 2, first - 1 do
   redis.call('SET', KEYS[i], string.format('%d', fence))

@@ -1039,6 +1039,82 @@ async fn patch_within_the_holder_limit() {
         .await;
 }
 
+/// A holder's set of live holds goes with its last hold: a holder who never
+/// comes back leaves no key behind, whether or not a limit applies (it once
+/// kept every expired entry, and the key, until that holder held again in
+/// a show with a limit). Its expiry follows holds, extends and changes.
+#[tokio::test]
+async fn holder_sets_go_with_their_last_hold() {
+    let _guard = common::shared().await;
+    let s = server_with(options()).await;
+    let api = Api::new(&s.base);
+    let sh = show("holder-ttl");
+    let key = format!("seat-hold:{{show:{sh}}}#holder:alice");
+    let mut r = redis().await;
+    let pttl = |r: &mut redis::cluster_async::ClusterConnection| {
+        let key = key.clone();
+        let mut r = r.clone();
+        async move {
+            redis::cmd("PTTL")
+                .arg(&key)
+                .query_async::<i64>(&mut r)
+                .await
+                .expect("PTTL")
+        }
+    };
+
+    let short = api
+        .hold_ok(
+            &sh,
+            json!({"seats": ["A1"], "holder": "alice", "ttlMs": 400}),
+        )
+        .await;
+    let t = pttl(&mut r).await;
+    assert!(
+        (1..=400).contains(&t),
+        "holder set PTTL {t} after a 400 ms hold"
+    );
+    let long = api
+        .hold_ok(
+            &sh,
+            json!({"seats": ["A2"], "holder": "alice", "ttlMs": 800}),
+        )
+        .await;
+    let t = pttl(&mut r).await;
+    assert!((401..=800).contains(&t), "PTTL {t} after an 800 ms hold");
+    let (status, body) = api
+        .post(
+            &format!("/v1/shows/{sh}/holds/{long}/extend"),
+            json!({"ttlMs": 1500}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let t = pttl(&mut r).await;
+    assert!(
+        (801..=1500).contains(&t),
+        "PTTL {t} after an extend to 1500 ms"
+    );
+    let (status, body) = api
+        .patch(
+            &format!("/v1/shows/{sh}/holds/{long}"),
+            json!({"add": ["A3"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(pttl(&mut r).await > 800, "a change keeps the expiry");
+
+    // The short hold expired; the long one keeps the set.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        api.get(&format!("/v1/shows/{sh}/holds/{short}")).await.0,
+        404
+    );
+    assert!(pttl(&mut r).await > 0);
+    // Then it expires too, and the set with it.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(pttl(&mut r).await, -2, "the holder set outlived its holds");
+}
+
 /// Capacity lowered below what is held: the holds stay valid, no new hold
 /// is granted, `available` stays at 0; raising it lets holds through.
 #[tokio::test]
