@@ -1329,6 +1329,50 @@ async fn a_rewritten_multi_show_event_expires_no_cursor() {
     assert_eq!(got[0]["holdRef"], json!(hold_ref(&both)));
 }
 
+/// A burst of events that reaches the show's reader in one read (here 500
+/// written by one script; in a sale, a sweep that expires 200 holds made
+/// together) reaches a client that reads normally whole and in order: the
+/// client's buffer of 64 frames is not a verdict on it while it keeps
+/// reading (it once was, and such clients were dropped as too slow).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_events_reaches_a_reading_client_whole() {
+    let _shared = common::shared().await;
+    let d = Daemon::start(&[]).await;
+    let ks = seathold::keys::KeySpace::new("seat-hold:");
+    let sh = show("burst");
+    let (status, sub) = sse(&d.base, &sh, "", None).await;
+    assert_eq!(status, 200);
+    let mut sub = sub.expect("subscribed");
+    let dropped_before = metric(&d, "seathold_event_subscribers_dropped_total").await;
+    let n = 500;
+    let mut r = common::redis().await;
+    let _: () = redis::cmd("EVAL")
+        .arg(
+            "for i = 1, tonumber(ARGV[1]) do \
+               redis.call('XADD', KEYS[1], '*', 't', 'held', 'r', '00000000000000ff', \
+                 's', 'B' .. i, 'l', '60000') \
+             end",
+        )
+        .arg(1)
+        .arg(ks.events(&sh))
+        .arg(n)
+        .query_async(&mut r)
+        .await
+        .expect("EVAL");
+    let got = sub.take(n).await;
+    let seats: Vec<String> = got
+        .iter()
+        .map(|e| e["seats"][0].as_str().unwrap_or_default().to_owned())
+        .collect();
+    let want: Vec<String> = (1..=n).map(|i| format!("B{i}")).collect();
+    assert_eq!(seats, want, "every event of the burst, in order");
+    assert_eq!(
+        metric(&d, "seathold_event_subscribers_dropped_total").await,
+        dropped_before,
+        "a reading client was dropped"
+    );
+}
+
 /// Clients that stop reading (raw TCP clients that never read after the
 /// headers) are disconnected by the server and counted in
 /// `seathold_event_subscribers_dropped_total`, while a reading client gets

@@ -5,9 +5,10 @@
 //! this instance's one reader of the show ([`super::hub`]), each once and in
 //! order. A comment line every heartbeat keeps proxies from closing an idle
 //! stream. The body is fed through a small bounded channel: a client that
-//! stops reading fills it and is disconnected (its connection closed), as is one that falls more
-//! than [`super::hub::BUFFER`] events behind the reader, so the daemon's
-//! memory stays bounded whatever its clients do.
+//! stops reading fills it, and once it has stayed full for [`STALL`] the
+//! client is disconnected (its connection closed), as is one that falls
+//! more than [`super::hub::BUFFER`] events behind the reader, so the
+//! daemon's memory stays bounded whatever its clients do.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -153,12 +154,11 @@ async fn feed_client(
                 event = live.recv() => match event {
                     Ok(event) if event.event_id > cursor => {
                         cursor = event.event_id;
-                        let bytes = frame(&event);
-                        // A full buffer: the client stopped reading.
-                        tx.try_send(bytes).map_err(|e| match e {
-                            mpsc::error::TrySendError::Full(_) => End::TooSlow,
-                            mpsc::error::TrySendError::Closed(_) => End::Gone,
-                        })?;
+                        // A full buffer is no verdict yet: a burst (a
+                        // sweep's 200 expiries, read at once) fills it
+                        // faster than the connection drains it. A client
+                        // that takes nothing for a while has stopped.
+                        send(&tx, frame(&event)).await?;
                         delivered(&event);
                     }
                     Ok(_) => {}
@@ -188,9 +188,13 @@ async fn closed(closing: &mut watch::Receiver<bool>) {
     let _ = closing.wait_for(|c| *c).await;
 }
 
+/// How long a client may leave its buffer full before it counts as one
+/// that stopped reading.
+const STALL: Duration = Duration::from_secs(5);
+
 /// Sends `bytes`, waiting a little for a slow client, never for long.
 async fn send(tx: &mpsc::Sender<Bytes>, bytes: Bytes) -> Result<(), End> {
-    match tokio::time::timeout(Duration::from_secs(5), tx.send(bytes)).await {
+    match tokio::time::timeout(STALL, tx.send(bytes)).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(_)) => Err(End::Gone),
         Err(_) => Err(End::TooSlow),
