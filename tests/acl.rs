@@ -236,3 +236,68 @@ async fn the_doctor_passes_the_acl_rights_of_the_least_privileged_user() {
         );
     }
 }
+
+/// `rejected_calls` of XREVRANGE (its refusals by ACL), over every master.
+async fn rejected_xrevrange() -> u64 {
+    let mut total = 0;
+    for port in common::master_ports().await {
+        let mut c = common::node(port).await;
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut c)
+            .await
+            .expect("INFO commandstats");
+        total += info
+            .lines()
+            .find(|l| l.starts_with("cmdstat_xrevrange:"))
+            .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("rejected_calls=")))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    total
+}
+
+/// A show's event reader whose first read is refused (here by ACL; also
+/// `LOADING` while a master restarts, or `MOVED` before the slot map is
+/// new) tries again after a pause that grows, as it does when a later read
+/// fails, instead of at once: it once reconnected and read again in a
+/// tight loop for as long as a subscriber waited.
+#[tokio::test]
+async fn an_event_reader_whose_reads_are_refused_backs_off() {
+    let _shared = common::shared().await;
+    let rules: Vec<String> = seathold_rules()
+        .into_iter()
+        .chain(["-xrevrange".to_owned()])
+        .collect();
+    for n in cluster().nodes() {
+        let mut c = common::node(n.port).await;
+        let () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("seathold-noxrev")
+            .arg(&rules)
+            .query_async(&mut c)
+            .await
+            .expect("ACL SETUSER");
+    }
+    let mut opts = options();
+    opts.redis_username = Some("seathold-noxrev".into());
+    opts.redis_password = Some(PASSWORD.into());
+    let s = server_with(opts).await;
+    let before = rejected_xrevrange().await;
+    // The subscription waits for its reader's first read, which never
+    // succeeds: 503 after the request's deadline (--redis-timeout-ms, 2 s).
+    let r = s
+        .http
+        .get(format!("{}/v1/shows/{}/events", s.base, show("noxrev")))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 503, "{:?}", r.text().await);
+    let refused = rejected_xrevrange().await - before;
+    // 50 + 100 + 200 + 400 + 800 ms of pauses fit in 2 s: about 6 tries.
+    assert!(
+        (1..=12).contains(&refused),
+        "{refused} refused XREVRANGEs in 2 s"
+    );
+}

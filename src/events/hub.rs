@@ -176,10 +176,15 @@ impl Hub {
                 // an event written meanwhile is not skipped.
                 last = self.newest(c, &stream).await;
                 if last.is_some() {
+                    backoff = Duration::from_millis(50);
                     current_at.store(now_ms(), Ordering::Relaxed);
                     started.send_replace(true);
                 } else {
+                    // Refused (ACL, LOADING, MOVED) or broken: pause as
+                    // after a failed XREAD, not reconnect in a tight loop.
                     conn = None;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
                 }
                 continue;
             };
