@@ -170,10 +170,12 @@ if idem then
 end
 
 -- The answer to a resend of this very hold: the same token already holds
--- every seat (the first run's reply was lost with its connection, and the
--- request went again), so answer as the first run did, from its record,
--- instead of reporting the seats taken by their own holder. Nothing is
--- written. nil if there is no record (then the seats are not this hold's).
+-- every seat, or for a hold of pool units only its record exists (the
+-- first run's reply was lost with its connection, and the request went
+-- again), so answer as the first run did, from its record, instead of
+-- reporting the seats taken by their own holder or counting the units
+-- twice. Nothing is written. nil if there is no record (then the seats are
+-- not this hold's).
 local function already_held()
   local record = redis.call('GET', KEYS[1])
   local fence = record and string.match(record, '^(%d+) ')
@@ -297,6 +299,12 @@ else
         taken[#taken + 1] = pttl
       end
     end
+  end
+  if S == 0 then
+    -- No seat to tell a resend by: the record does (only this token's
+    -- first run writes it; an abandoned hold's tombstone has no fence).
+    local again = already_held()
+    if again then return again end
   end
   local short = {}
   if P > 0 or H > 0 then

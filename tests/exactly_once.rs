@@ -639,6 +639,78 @@ async fn run_hold_script(show: &str, seat: &str, token: &str, ttl_ms: u64) -> Ve
         .expect("hold.lua")
 }
 
+/// Runs hold.lua in its general form, as the daemon does for a hold of
+/// `units` of `show`'s pool `floor` and no seat, events off, no key.
+async fn run_pool_hold_script(show: &str, token: &str, units: u32) -> Vec<i64> {
+    let ks = keys();
+    let script_keys = vec![
+        ks.hold_record(show, token),
+        ks.fence(show),
+        ks.pool(show, "floor"),
+        ks.pool_holds(show, "floor"),
+    ];
+    let mut conn = common::redis().await;
+    Scripts::embedded()
+        .hold
+        .run(&mut conn, &script_keys, |c| {
+            // token, TTL, F, kind, items, fingerprint, its TTL, E, cap,
+            // ref, S, P, H, default holder limit; then P quantities.
+            c.arg(token)
+                .arg(60_000)
+                .arg(1)
+                .arg("s")
+                .arg(format!("{show}/@floor={units}"))
+                .arg("")
+                .arg(0)
+                .arg(0)
+                .arg(0)
+                .arg("0123456789abcdef")
+                .arg(0)
+                .arg(1)
+                .arg(0)
+                .arg(0)
+                .arg(units);
+        })
+        .await
+        .expect("hold.lua")
+}
+
+/// A hold of pool units and no seat, resent by the daemon after its reply
+/// was lost, answers as its first run did and takes nothing more: the
+/// "already held" check looked at the first seat only, so the resend
+/// counted the first run's own units against it (409 `pool_exhausted`, or
+/// a 500 when the pool had room), and the units stayed held under a token
+/// the client never got.
+#[tokio::test]
+async fn pool_hold_resent_answers_as_its_first_run() {
+    let _r = EXCLUSIVE.read().await;
+    let ks = keys();
+    let mut conn = common::redis().await;
+    for capacity in [2, 10] {
+        let sh = show("pool-resend");
+        let () = conn
+            .hset(ks.pool(&sh, "floor"), "capacity", capacity)
+            .await
+            .expect("HSET");
+        let token = uuid::Uuid::new_v4().to_string();
+        let first = run_pool_hold_script(&sh, &token, 2).await;
+        assert_eq!((first[0], first.len()), (1, 4), "{first:?}");
+        let again = run_pool_hold_script(&sh, &token, 2).await;
+        assert_eq!(again[0], 1, "capacity {capacity}: {again:?}");
+        assert_eq!(again[1], first[1], "the same fence: {again:?}");
+        let held: i64 = conn
+            .hget(ks.pool(&sh, "floor"), "held")
+            .await
+            .expect("HGET");
+        assert_eq!(held, 2, "capacity {capacity}: units held once");
+        let holds: Vec<String> = conn
+            .zrange(ks.pool_holds(&sh, "floor"), 0, -1)
+            .await
+            .expect("ZRANGE");
+        assert_eq!(holds, [format!("2:{token}")]);
+    }
+}
+
 /// Runs abandon.lua for a one-seat hold.
 async fn run_abandon_script(show: &str, seat: &str, token: &str, ttl_ms: u64) -> i64 {
     let ks = keys();
