@@ -61,6 +61,9 @@ pub const VIEW_ANSWERS: &str = "seathold_view_answers_total";
 pub const EVENT_READERS: &str = "seathold_event_readers";
 /// Subscribers disconnected because they fell too far behind.
 pub const EVENT_SUBSCRIBERS_DROPPED: &str = "seathold_event_subscribers_dropped_total";
+/// Times a show's reader found events trimmed away while it was cut off
+/// (its view started over, its subscribers' streams ended).
+pub const EVENT_READER_GAPS: &str = "seathold_event_reader_gaps_total";
 /// Sweeps of a show's deadline index that failed (Redis unavailable).
 pub const SWEEP_FAILURES: &str = "seathold_sweep_failures_total";
 /// Scans of a master for deadline indexes, by `kind`: `forced` (start, a
@@ -262,6 +265,10 @@ fn describe() {
         "Event subscribers disconnected because they stopped reading or fell too far behind."
     );
     describe_counter!(
+        EVENT_READER_GAPS,
+        "Times a show's event reader found events trimmed away while it was cut off."
+    );
+    describe_counter!(
         SWEEP_FAILURES,
         "Sweeps of a show's deadline index that failed (expired events delayed)."
     );
@@ -301,6 +308,7 @@ pub fn register_zeroes() {
         DIRECT_WRITES,
         DIRECT_SCRIPTS,
         EVENT_SUBSCRIBERS_DROPPED,
+        EVENT_READER_GAPS,
         SWEEP_FAILURES,
         POOL_UNITS_HELD,
         HOLDER_LIMIT_REJECTIONS,

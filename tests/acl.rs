@@ -301,3 +301,116 @@ async fn an_event_reader_whose_reads_are_refused_backs_off() {
         "{refused} refused XREVRANGEs in 2 s"
     );
 }
+
+/// Sets `rules` on user `name` on every node.
+async fn set_user(name: &str, rules: &[String]) {
+    for n in cluster().nodes() {
+        let mut c = common::node(n.port).await;
+        let () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(name)
+            .arg(rules)
+            .query_async(&mut c)
+            .await
+            .expect("ACL SETUSER");
+    }
+}
+
+/// A show's reader cut off (here its XREAD refused) while more than
+/// `--events-max-len` events are written, among them the release of a
+/// seat its view knew held: when it reads again, XREAD silently starts at
+/// the oldest entry kept. The reader notices the gap: the view forgets
+/// what it knew (the released seat is granted, not refused from the stale
+/// view until the old hold's expiry) and the show's event streams end, so
+/// that their clients resume from their last ids.
+#[tokio::test]
+async fn a_reader_that_missed_trimmed_events_starts_over() {
+    let _shared = common::shared().await;
+    let user = "seathold-gap";
+    let rules = seathold_rules();
+    set_user(user, &rules).await;
+    let mut opts = options();
+    opts.redis_username = Some(user.into());
+    opts.redis_password = Some(PASSWORD.into());
+    opts.view_min_rate = 0;
+    opts.events_max_len = 100;
+    let s = server_with(opts).await;
+    let sh = show("gap");
+    let view_reads = |s: &common::TestServer| {
+        let s = s.base.clone();
+        async move {
+            let text = reqwest::get(format!("{s}/metrics"))
+                .await
+                .expect("metrics")
+                .text()
+                .await
+                .expect("text");
+            common::series(&text, "seathold_view_answers_total{kind=\"read\"}")
+        }
+    };
+    // A view of the show that knows E7 held.
+    assert_eq!(s.get(&format!("/v1/shows/{sh}/seats/V0")).await.0, 200);
+    let hold = s.hold(&sh, &["E7"]).await;
+    let token = hold["holdToken"].as_str().expect("token").to_owned();
+    common::eventually(Duration::from_secs(5), "the view to know E7", || async {
+        let before = view_reads(&s).await;
+        s.get(&format!("/v1/shows/{sh}/seats/E7")).await;
+        view_reads(&s).await > before
+    })
+    .await;
+    // A live subscriber.
+    let mut events = s
+        .http
+        .get(format!("{}/v1/shows/{sh}/events", s.base))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("SSE");
+    assert_eq!(events.status().as_u16(), 200);
+    let ended = tokio::spawn(async move { while let Ok(Some(_)) = events.chunk().await {} });
+
+    // Cut the reader off; meanwhile E7 is released and 300 more events
+    // trim the release away (the cap is 100).
+    let cut: Vec<String> = rules.iter().cloned().chain(["-xread".to_owned()]).collect();
+    set_user(user, &cut).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (status, body) = s
+        .call("DELETE", &format!("/v1/shows/{sh}/holds/{token}"), None)
+        .await;
+    assert_eq!(status, 204, "{body}");
+    let mut r = common::redis().await;
+    let _: () = redis::cmd("EVAL")
+        .arg(
+            "for i = 1, 300 do \
+               redis.call('XADD', KEYS[1], 'MAXLEN', '~', '100', '*', 't', 'held', \
+                 'r', '00000000000000ff', 's', 'Z' .. i, 'l', '600000') \
+             end",
+        )
+        .arg(1)
+        .arg(seathold::keys::KeySpace::new("seat-hold:").events(&sh))
+        .query_async(&mut r)
+        .await
+        .expect("EVAL");
+    let restored: Vec<String> = rules.iter().cloned().chain(["+xread".to_owned()]).collect();
+    set_user(user, &restored).await;
+
+    // The reader is back and current: a seat of the kept events is read
+    // from the view.
+    common::eventually(Duration::from_secs(5), "the view to read again", || async {
+        let before = view_reads(&s).await;
+        s.get(&format!("/v1/shows/{sh}/seats/Z300")).await;
+        view_reads(&s).await > before
+    })
+    .await;
+    let (status, body) = s
+        .post(
+            &format!("/v1/shows/{sh}/seats/E7/hold"),
+            serde_json::json!({}),
+        )
+        .await;
+    assert_eq!(status, 201, "E7 is free in Redis: {body}");
+    tokio::time::timeout(Duration::from_secs(5), ended)
+        .await
+        .expect("the event stream ended after the gap")
+        .expect("reader task");
+}

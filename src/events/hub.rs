@@ -20,8 +20,9 @@ use redis::Value;
 use tokio::sync::{broadcast, watch};
 
 use super::view::SeatView;
-use super::{Event, EventId};
+use super::{Cursor, Event, EventId};
 use crate::cluster::Cluster;
+use crate::error::Error;
 use crate::ids::ShowId;
 use crate::keys::KeySpace;
 
@@ -152,6 +153,9 @@ impl Hub {
         let mut last: Option<EventId> = None;
         let mut conn: Option<redis::aio::MultiplexedConnection> = None;
         let mut backoff = Duration::from_millis(50);
+        // Whether a read failed since the last one that succeeded: the next
+        // first checks that nothing after `last` was trimmed meanwhile.
+        let mut resumed = false;
         loop {
             {
                 // Stop under the lock, so that a new subscriber either finds
@@ -188,6 +192,34 @@ impl Hub {
                 }
                 continue;
             };
+            if resumed {
+                // XREAD after an id that was trimmed away answers from the
+                // oldest entry kept, silently: more than --events-max-len
+                // events written while this reader was cut off would be
+                // lost to the view and the subscribers.
+                let deadline = self.cluster.deadline();
+                match super::read(
+                    &self.cluster,
+                    &self.keys,
+                    &deadline,
+                    &show,
+                    Cursor::After(from),
+                    1,
+                )
+                .await
+                {
+                    Ok(_) => {}
+                    Err(Error::EventsExpired) => lost_events(&show, &feed),
+                    Err(err) => {
+                        tracing::debug!(%show, error = %err, "event reader failed; reconnecting");
+                        conn = None;
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(1));
+                        continue;
+                    }
+                }
+                resumed = false;
+            }
             let reply: Result<Value, _> = redis::cmd("XREAD")
                 .arg("COUNT")
                 .arg(BUFFER)
@@ -223,6 +255,7 @@ impl Hub {
                 Err(err) => {
                     tracing::debug!(%show, error = %err, "event reader failed; reconnecting");
                     conn = None;
+                    resumed = true;
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(1));
                 }
@@ -272,6 +305,18 @@ impl Hub {
             .await
             .ok()
     }
+}
+
+/// The reader of `show` may have missed events: its view forgets what it
+/// knew, and its subscribers end their streams (their clients resume from
+/// their last ids, and get 410 if those are gone too).
+fn lost_events(show: &ShowId, feed: &Feed) {
+    tracing::warn!(%show, "events were trimmed while the show's reader was cut off; its seat view starts over and its event streams end");
+    metrics::counter!(crate::metrics::EVENT_READER_GAPS).increment(1);
+    if let Some(view) = feed.current_view() {
+        view.forget();
+    }
+    let _ = feed.tx.send(Arc::new(Event::gap(show)));
 }
 
 impl Feed {

@@ -152,6 +152,9 @@ async fn feed_client(
         loop {
             tokio::select! {
                 event = live.recv() => match event {
+                    // Events may be missing: end, and let the client
+                    // resume from its last id.
+                    Ok(event) if event.is_gap() => return Err(End::Gone),
                     Ok(event) if event.event_id > cursor => {
                         cursor = event.event_id;
                         // A full buffer is no verdict yet: a burst (a

@@ -215,6 +215,9 @@ struct ViewState {
     holds: HashMap<String, Vec<String>>,
     /// Events applied so far.
     applied: u64,
+    /// The position at which the view last forgot everything: what Redis
+    /// answered before it may predate events the view never saw.
+    forgotten: u64,
 }
 
 impl SeatView {
@@ -277,6 +280,18 @@ impl SeatView {
         } else {
             state.holds.remove(&event.hold_ref);
         }
+    }
+
+    /// Forgets every seat and hold: its reader may have missed events
+    /// (trimmed away while it was cut off), so what the view knew may be
+    /// stale. It knows again what later events and Redis's answers tell it;
+    /// meanwhile Redis answers.
+    pub fn forget(&self) {
+        let mut state = self.lock();
+        state.seats.clear();
+        state.holds.clear();
+        state.applied += 1;
+        state.forgotten = state.applied;
     }
 
     /// Whether the reader is current within the lag bound.
@@ -349,6 +364,9 @@ impl SeatView {
     pub fn learn(&self, position: u64, taken: &[(SeatId, State)]) {
         let now = self.redis_now();
         let mut state = self.lock();
+        if position < state.forgotten {
+            return;
+        }
         for (seat, s) in taken {
             if state
                 .seats
@@ -373,6 +391,9 @@ impl SeatView {
     /// the newer state.
     pub fn learn_holds(&self, position: u64, holds: &[LiveHold]) {
         let mut state = self.lock();
+        if position < state.forgotten {
+            return;
+        }
         for hold in holds {
             let mut learned = false;
             for seat in &hold.seats {
