@@ -61,8 +61,9 @@ pub const VIEW_ANSWERS: &str = "seathold_view_answers_total";
 pub const EVENT_READERS: &str = "seathold_event_readers";
 /// Subscribers disconnected because they fell too far behind.
 pub const EVENT_SUBSCRIBERS_DROPPED: &str = "seathold_event_subscribers_dropped_total";
-/// Times a show's reader found events trimmed away while it was cut off
-/// (its view started over, its subscribers' streams ended).
+/// Times a show's reader found events after its position trimmed away
+/// while it was cut off or behind (its view started over, its
+/// subscribers' streams ended).
 pub const EVENT_READER_GAPS: &str = "seathold_event_reader_gaps_total";
 /// Sweeps of a show's deadline index that failed (Redis unavailable).
 pub const SWEEP_FAILURES: &str = "seathold_sweep_failures_total";
@@ -266,7 +267,7 @@ fn describe() {
     );
     describe_counter!(
         EVENT_READER_GAPS,
-        "Times a show's event reader found events trimmed away while it was cut off."
+        "Times a show's event reader found events after its position trimmed away (cut off or behind)."
     );
     describe_counter!(
         SWEEP_FAILURES,

@@ -63,7 +63,12 @@ pub fn app(opts: &Options) -> Result<Arc<App>, StartError> {
             0 => Duration::from_millis(crate::events::hub::BLOCK_MS),
             lag => Duration::from_millis((lag / 2).max(10)),
         };
-        let hub = Hub::new(Arc::clone(&cluster), keys.clone(), block);
+        let hub = Hub::new(
+            Arc::clone(&cluster),
+            keys.clone(),
+            block,
+            opts.events_max_len,
+        );
         crate::events::Events {
             sweeper: Sweeper::new(
                 Arc::clone(&cluster),

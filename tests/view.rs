@@ -233,6 +233,59 @@ async fn a_conflict_storm_is_answered_without_redis() {
     );
 }
 
+/// 1b. A reader that never failed can still miss events: more than
+///    `--events-max-len` written at once (here by one script: the release
+///    of a seat the view knows held, then 300 more) are trimmed before its
+///    next XREAD, which then starts at the oldest entry kept. The reader
+///    finds the gap and the view forgets what it knew: the released seat
+///    is granted by Redis, not refused from the stale view until the old
+///    hold's expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_that_missed_trimmed_events_forgets_them() {
+    let _lock = exclusive().await;
+    let a = server_with(Options {
+        events_max_len: 100,
+        ..with_view()
+    })
+    .await;
+    let sh = show("trimmed");
+    start_view(&a, &sh).await;
+    let token = held(&a, &sh, "E7", None).await;
+    wait_view(&a, &sh, "E7").await;
+    let gaps = series(&a.metrics().await, "seathold_event_reader_gaps_total");
+
+    let ks = seathold::keys::KeySpace::new("seat-hold:");
+    let mut r = redis().await;
+    let _: () = redis::cmd("EVAL")
+        .arg(
+            "redis.call('DEL', KEYS[2], KEYS[3]) \
+             redis.call('XADD', KEYS[1], 'MAXLEN', '~', '100', '*', 't', 'released', \
+               'r', ARGV[1], 's', 'E7') \
+             for i = 1, 300 do \
+               redis.call('XADD', KEYS[1], 'MAXLEN', '~', '100', '*', 't', 'held', \
+                 'r', '00000000000000ff', 's', 'Z' .. i, 'l', '600000') \
+             end",
+        )
+        .arg(3)
+        .arg(ks.events(&sh))
+        .arg(ks.seat(&sh, "E7"))
+        .arg(ks.hold_record(&sh, &token))
+        .arg("0123456789abcdef")
+        .query_async(&mut r)
+        .await
+        .expect("EVAL");
+
+    eventually(
+        Duration::from_secs(5),
+        "the reader to find the gap",
+        || async { series(&a.metrics().await, "seathold_event_reader_gaps_total") > gaps },
+    )
+    .await;
+    wait_view(&a, &sh, "Z300").await;
+    let (status, body) = hold_one(&a, &sh, "E7", None).await;
+    assert_eq!(status, 201, "E7 is free in Redis: {body}");
+}
+
 /// 2. The view never grants. With one seat it knows free (held and
 ///    released) and one it knows held, a hold of both is refused, naming
 ///    only the held one; a hold of free seats is granted, by Redis (its

@@ -40,6 +40,10 @@ pub struct Hub {
     shows: Mutex<HashMap<ShowId, Feed>>,
     /// How long one XREAD blocks.
     block: Duration,
+    /// Entries in one XREAD reply from which a trim after the reader's
+    /// position is possible: `XADD MAXLEN ~` keeps at least the cap, so a
+    /// read after a trimmed position answers at least this many.
+    gap_possible_at: usize,
 }
 
 /// One show's reader, as its subscribers see it.
@@ -62,13 +66,15 @@ pub struct Feed {
 const VIEW_IDLE_MS: u64 = 30_000;
 
 impl Hub {
-    /// A hub whose readers block at most `block` per XREAD.
-    pub fn new(cluster: Arc<Cluster>, keys: KeySpace, block: Duration) -> Arc<Self> {
+    /// A hub whose readers block at most `block` per XREAD, of streams
+    /// capped at about `max_len` entries.
+    pub fn new(cluster: Arc<Cluster>, keys: KeySpace, block: Duration, max_len: u64) -> Arc<Self> {
         Arc::new(Self {
             cluster,
             keys,
             shows: Mutex::new(HashMap::new()),
             block,
+            gap_possible_at: usize::try_from(max_len).unwrap_or(usize::MAX).min(BUFFER),
         })
     }
 
@@ -154,7 +160,7 @@ impl Hub {
         let mut conn: Option<redis::aio::MultiplexedConnection> = None;
         let mut backoff = Duration::from_millis(50);
         // Whether a read failed since the last one that succeeded: the next
-        // first checks that nothing after `last` was trimmed meanwhile.
+        // reply is applied only once nothing after `last` proves trimmed.
         let mut resumed = false;
         loop {
             {
@@ -192,34 +198,6 @@ impl Hub {
                 }
                 continue;
             };
-            if resumed {
-                // XREAD after an id that was trimmed away answers from the
-                // oldest entry kept, silently: more than --events-max-len
-                // events written while this reader was cut off would be
-                // lost to the view and the subscribers.
-                let deadline = self.cluster.deadline();
-                match super::read(
-                    &self.cluster,
-                    &self.keys,
-                    &deadline,
-                    &show,
-                    Cursor::After(from),
-                    1,
-                )
-                .await
-                {
-                    Ok(_) => {}
-                    Err(Error::EventsExpired) => lost_events(&show, &feed),
-                    Err(err) => {
-                        tracing::debug!(%show, error = %err, "event reader failed; reconnecting");
-                        conn = None;
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(1));
-                        continue;
-                    }
-                }
-                resumed = false;
-            }
             let reply: Result<Value, _> = redis::cmd("XREAD")
                 .arg("COUNT")
                 .arg(BUFFER)
@@ -233,11 +211,31 @@ impl Hub {
             match reply {
                 Ok(reply) => {
                     backoff = Duration::from_millis(50);
+                    let count = entries(&reply).count();
+                    // XREAD after an id that was trimmed away answers from
+                    // the oldest entry kept, silently: events written while
+                    // this reader was cut off or behind (more than the cap)
+                    // would be lost to the view and the subscribers.
+                    if resumed || count >= self.gap_possible_at {
+                        match self.trimmed_after(&show, from).await {
+                            Ok(false) => {}
+                            Ok(true) => lost_events(&show, &feed),
+                            Err(err) => {
+                                tracing::debug!(%show, error = %err, "event reader failed; reconnecting");
+                                conn = None;
+                                resumed = true;
+                                tokio::time::sleep(backoff).await;
+                                backoff = (backoff * 2).min(Duration::from_secs(1));
+                                continue;
+                            }
+                        }
+                        resumed = false;
+                    }
                     let view = feed.current_view();
                     // A full reply may leave more behind it (a backlog after
                     // a reconnection): only a shorter one proves the reader
                     // reached the end of the stream.
-                    let full = entries(&reply).count() >= BUFFER;
+                    let full = count >= BUFFER;
                     for event in entries(&reply).filter_map(|e| Event::from_entry(&show, e)) {
                         last = Some(event.event_id);
                         if let Some(view) = &view {
@@ -260,6 +258,26 @@ impl Hub {
                     backoff = (backoff * 2).min(Duration::from_secs(1));
                 }
             }
+        }
+    }
+
+    /// Whether entries of `show`'s stream after `from` may have been
+    /// trimmed away (events.lua's rule for 410 `events_expired`).
+    async fn trimmed_after(&self, show: &ShowId, from: EventId) -> Result<bool, Error> {
+        let deadline = self.cluster.deadline();
+        match super::read(
+            &self.cluster,
+            &self.keys,
+            &deadline,
+            show,
+            Cursor::After(from),
+            1,
+        )
+        .await
+        {
+            Ok(_) => Ok(false),
+            Err(Error::EventsExpired) => Ok(true),
+            Err(err) => Err(err),
         }
     }
 
