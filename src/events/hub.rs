@@ -329,7 +329,7 @@ impl Hub {
 /// knew, and its subscribers end their streams (their clients resume from
 /// their last ids, and get 410 if those are gone too).
 fn lost_events(show: &ShowId, feed: &Feed) {
-    tracing::warn!(%show, "events were trimmed while the show's reader was cut off; its seat view starts over and its event streams end");
+    tracing::warn!(%show, "events after the show's reader's position were trimmed before it read them; its seat view starts over and its event streams end");
     metrics::counter!(crate::metrics::EVENT_READER_GAPS).increment(1);
     if let Some(view) = feed.current_view() {
         view.forget();
