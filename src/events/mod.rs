@@ -108,8 +108,9 @@ pub struct Event {
 const GAP: &str = "gap";
 
 impl Event {
-    /// The marker of a gap in `show`'s events: the reader was cut off while
-    /// entries after its position were trimmed away. A subscriber ends its
+    /// The marker of a gap in `show`'s events: entries after the reader's
+    /// position were trimmed away while it was cut off or behind. A
+    /// subscriber ends its
     /// stream, and the client resumes from its last id (410 if that is
     /// gone too).
     pub fn gap(show: &ShowId) -> Self {
