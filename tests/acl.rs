@@ -35,17 +35,7 @@ fn seathold_rules() -> Vec<String> {
 }
 
 async fn install_user() {
-    let rules = seathold_rules();
-    for n in cluster().nodes() {
-        let mut c = common::node(n.port).await;
-        let () = redis::cmd("ACL")
-            .arg("SETUSER")
-            .arg("seathold")
-            .arg(&rules)
-            .query_async(&mut c)
-            .await
-            .expect("ACL SETUSER");
-    }
+    set_user("seathold", &seathold_rules()).await;
 }
 
 #[tokio::test]
@@ -269,16 +259,7 @@ async fn an_event_reader_whose_reads_are_refused_backs_off() {
         .into_iter()
         .chain(["-xrevrange".to_owned()])
         .collect();
-    for n in cluster().nodes() {
-        let mut c = common::node(n.port).await;
-        let () = redis::cmd("ACL")
-            .arg("SETUSER")
-            .arg("seathold-noxrev")
-            .arg(&rules)
-            .query_async(&mut c)
-            .await
-            .expect("ACL SETUSER");
-    }
+    set_user("seathold-noxrev", &rules).await;
     let mut opts = options();
     opts.redis_username = Some("seathold-noxrev".into());
     opts.redis_password = Some(PASSWORD.into());

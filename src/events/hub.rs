@@ -176,8 +176,7 @@ impl Hub {
             let Some(c) = conn.as_mut() else {
                 conn = self.connect(slot).await;
                 if conn.is_none() {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    back_off(&mut backoff).await;
                 }
                 continue;
             };
@@ -193,8 +192,7 @@ impl Hub {
                     // Refused (ACL, LOADING, MOVED) or broken: pause as
                     // after a failed XREAD, not reconnect in a tight loop.
                     conn = None;
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    back_off(&mut backoff).await;
                 }
                 continue;
             };
@@ -224,8 +222,7 @@ impl Hub {
                                 tracing::debug!(%show, error = %err, "event reader failed; reconnecting");
                                 conn = None;
                                 resumed = true;
-                                tokio::time::sleep(backoff).await;
-                                backoff = (backoff * 2).min(Duration::from_secs(1));
+                                back_off(&mut backoff).await;
                                 continue;
                             }
                         }
@@ -254,8 +251,7 @@ impl Hub {
                     tracing::debug!(%show, error = %err, "event reader failed; reconnecting");
                     conn = None;
                     resumed = true;
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    back_off(&mut backoff).await;
                 }
             }
         }
@@ -323,6 +319,13 @@ impl Hub {
             .await
             .ok()
     }
+}
+
+/// Waits `backoff`, then doubles it, up to a second: a reader's pause after
+/// a failed connection or read.
+async fn back_off(backoff: &mut Duration) {
+    tokio::time::sleep(*backoff).await;
+    *backoff = (*backoff * 2).min(Duration::from_secs(1));
 }
 
 /// The reader of `show` may have missed events: its view forgets what it
