@@ -63,8 +63,8 @@ for h = 1, H do
   local holds = KEYS[hk + 2 * h - 2]
   redis.call('ZADD', holds, 'XX', at, ARGV[ua + h - 1] .. ':' .. ARGV[1])
   -- The holder's set lives as long as its last hold (see hold.lua).
-  if redis.call('PEXPIRETIME', holds) < tonumber(at) then
-    redis.call('PEXPIREAT', holds, at)
+  if redis.call('PEXPIREAT', holds, at, 'GT') == 0 then
+    redis.call('PEXPIREAT', holds, at, 'NX')
   end
 end
 for i = 1, E do

@@ -392,9 +392,10 @@ for h = 1, H do
   redis.call('ZADD', holds, at, ARGV[ua + h - 1] .. ':' .. token)
   -- The set lives as long as its last hold, so that a holder who never
   -- comes back leaves nothing behind (its entries are pruned only when it
-  -- holds again).
-  if redis.call('PEXPIRETIME', holds) < tonumber(at) then
-    redis.call('PEXPIREAT', holds, at)
+  -- holds again): GT raises an expiry, NX gives a new set its first (GT
+  -- counts a key without one as never expiring).
+  if redis.call('PEXPIREAT', holds, at, 'GT') == 0 then
+    redis.call('PEXPIREAT', holds, at, 'NX')
   end
 end
 for i = 2, first - 1 do

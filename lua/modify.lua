@@ -144,8 +144,8 @@ if H == 1 then
   redis.call('ZREM', KEYS[hk + 1], old_units .. ':' .. token)
   redis.call('ZADD', KEYS[hk + 1], at, new_units .. ':' .. token)
   -- The holder's set lives as long as its last hold (see hold.lua).
-  if redis.call('PEXPIRETIME', KEYS[hk + 1]) < tonumber(at) then
-    redis.call('PEXPIREAT', KEYS[hk + 1], at)
+  if redis.call('PEXPIREAT', KEYS[hk + 1], at, 'GT') == 0 then
+    redis.call('PEXPIREAT', KEYS[hk + 1], at, 'NX')
   end
 end
 
