@@ -46,10 +46,21 @@ pub struct Hub {
     gap_possible_at: usize,
 }
 
+/// What a show's reader sends its subscribers.
+#[derive(Clone)]
+pub enum Live {
+    /// The show's next event.
+    Event(Arc<Event>),
+    /// Events after the reader's position were trimmed away before it read
+    /// them (it was cut off or behind): a subscriber ends its stream, and
+    /// its client resumes from its last id (410 if that is gone too).
+    Gap,
+}
+
 /// One show's reader, as its subscribers see it.
 #[derive(Clone)]
 pub struct Feed {
-    tx: broadcast::Sender<Arc<Event>>,
+    tx: broadcast::Sender<Live>,
     /// Turns true once the reader has pinned its starting position: every
     /// event after it will be sent.
     pub started: watch::Receiver<bool>,
@@ -80,7 +91,7 @@ impl Hub {
 
     /// A subscription to `show`'s events, and its feed; starts the show's
     /// reader when it has none.
-    pub fn subscribe(self: &Arc<Self>, show: &ShowId) -> (broadcast::Receiver<Arc<Event>>, Feed) {
+    pub fn subscribe(self: &Arc<Self>, show: &ShowId) -> (broadcast::Receiver<Live>, Feed) {
         // Subscribed under the hub's lock, before a new reader can look.
         self.feed(show, |feed| (feed.tx.subscribe(), feed.clone()))
     }
@@ -239,7 +250,7 @@ impl Hub {
                             view.apply(&event);
                         }
                         // No receiver right now is fine: the loop checks.
-                        let _ = tx.send(Arc::new(event));
+                        let _ = tx.send(Live::Event(Arc::new(event)));
                     }
                     // After the events went out: a view that sees this time
                     // has applied everything before it.
@@ -337,7 +348,7 @@ fn lost_events(show: &ShowId, feed: &Feed) {
     if let Some(view) = feed.current_view() {
         view.forget();
     }
-    let _ = feed.tx.send(Arc::new(Event::gap(show)));
+    let _ = feed.tx.send(Live::Gap);
 }
 
 impl Feed {

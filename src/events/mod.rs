@@ -103,37 +103,7 @@ pub struct Event {
     pub event_id: EventId,
 }
 
-/// The kind of the marker a show's reader sends its subscribers when events
-/// may have been lost: never written to a stream nor sent to a client.
-const GAP: &str = "gap";
-
 impl Event {
-    /// The marker of a gap in `show`'s events: entries after the reader's
-    /// position were trimmed away while it was cut off or behind. A
-    /// subscriber ends its
-    /// stream, and the client resumes from its last id (410 if that is
-    /// gone too).
-    pub fn gap(show: &ShowId) -> Self {
-        Self {
-            id: String::new(),
-            kind: GAP.to_owned(),
-            show: show.clone(),
-            seats: Vec::new(),
-            pools: std::collections::BTreeMap::new(),
-            hold_ref: String::new(),
-            fence: 0,
-            expires_at: None,
-            expires_at_ms: None,
-            at: String::new(),
-            event_id: EventId::ZERO,
-        }
-    }
-
-    /// Whether this is the marker of a gap ([`Event::gap`]).
-    pub fn is_gap(&self) -> bool {
-        self.kind == GAP
-    }
-
     /// An XRANGE/XREAD entry `[id, [field, value, ...]]` of `show`'s stream.
     pub fn from_entry(show: &ShowId, entry: &Value) -> Option<Self> {
         let Value::Array(parts) = entry else {

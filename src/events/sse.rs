@@ -20,7 +20,7 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use tokio::sync::{broadcast, mpsc, watch};
 
-use super::hub::Feed;
+use super::hub::{Feed, Live};
 use super::{read, Cursor, Event, EventId, Events};
 use crate::cluster::Cluster;
 use crate::error::Error;
@@ -112,7 +112,7 @@ enum End {
 async fn feed_client(
     mut sub: Subscription,
     heartbeat: Duration,
-    mut live: broadcast::Receiver<Arc<Event>>,
+    mut live: broadcast::Receiver<Live>,
     first: Vec<Event>,
     start: EventId,
     tx: mpsc::Sender<Bytes>,
@@ -154,8 +154,8 @@ async fn feed_client(
                 event = live.recv() => match event {
                     // Events may be missing: end, and let the client
                     // resume from its last id.
-                    Ok(event) if event.is_gap() => return Err(End::Gone),
-                    Ok(event) if event.event_id > cursor => {
+                    Ok(Live::Gap) => return Err(End::Gone),
+                    Ok(Live::Event(event)) if event.event_id > cursor => {
                         cursor = event.event_id;
                         // A full buffer is no verdict yet: a burst (a
                         // sweep's 200 expiries, read at once) fills it
