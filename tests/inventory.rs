@@ -1050,10 +1050,9 @@ async fn holder_sets_go_with_their_last_hold() {
     let api = Api::new(&s.base);
     let sh = show("holder-ttl");
     let key = format!("seat-hold:{{show:{sh}}}#holder:alice");
-    let mut r = redis().await;
-    let pttl = |r: &mut redis::cluster_async::ClusterConnection| {
-        let key = key.clone();
-        let mut r = r.clone();
+    let r = redis().await;
+    let pttl = || {
+        let (key, mut r) = (key.clone(), r.clone());
         async move {
             redis::cmd("PTTL")
                 .arg(&key)
@@ -1069,7 +1068,7 @@ async fn holder_sets_go_with_their_last_hold() {
             json!({"seats": ["A1"], "holder": "alice", "ttlMs": 400}),
         )
         .await;
-    let t = pttl(&mut r).await;
+    let t = pttl().await;
     assert!(
         (1..=400).contains(&t),
         "holder set PTTL {t} after a 400 ms hold"
@@ -1080,7 +1079,7 @@ async fn holder_sets_go_with_their_last_hold() {
             json!({"seats": ["A2"], "holder": "alice", "ttlMs": 800}),
         )
         .await;
-    let t = pttl(&mut r).await;
+    let t = pttl().await;
     assert!((401..=800).contains(&t), "PTTL {t} after an 800 ms hold");
     let (status, body) = api
         .post(
@@ -1089,7 +1088,7 @@ async fn holder_sets_go_with_their_last_hold() {
         )
         .await;
     assert_eq!(status, 200, "{body}");
-    let t = pttl(&mut r).await;
+    let t = pttl().await;
     assert!(
         (801..=1500).contains(&t),
         "PTTL {t} after an extend to 1500 ms"
@@ -1101,7 +1100,7 @@ async fn holder_sets_go_with_their_last_hold() {
         )
         .await;
     assert_eq!(status, 200, "{body}");
-    assert!(pttl(&mut r).await > 800, "a change keeps the expiry");
+    assert!(pttl().await > 800, "a change keeps the expiry");
 
     // The short hold expired; the long one keeps the set.
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -1109,10 +1108,10 @@ async fn holder_sets_go_with_their_last_hold() {
         api.get(&format!("/v1/shows/{sh}/holds/{short}")).await.0,
         404
     );
-    assert!(pttl(&mut r).await > 0);
+    assert!(pttl().await > 0);
     // Then it expires too, and the set with it.
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    assert_eq!(pttl(&mut r).await, -2, "the holder set outlived its holds");
+    assert_eq!(pttl().await, -2, "the holder set outlived its holds");
 }
 
 /// Capacity lowered below what is held: the holds stay valid, no new hold
