@@ -59,7 +59,8 @@ for h = 1, H do
 end
 for i = 1, E do
   local items = ARGV[ia + i - 1]
-  redis.call('ZREM', KEYS[ek + 2 * i - 2], ARGV[5] .. ' ' .. fence .. ' ' .. items)
+  redis.call('ZREM', KEYS[ek + 2 * i - 2], ARGV[5] .. ' ' .. fence .. ' ' .. items,
+    ARGV[5] .. ' > ' .. KEYS[ek + 2 * (i % E)])
   redis.call('XADD', KEYS[ek + 2 * i - 1], 'MAXLEN', '~', ARGV[4], '*',
     't', 'released', 'r', ARGV[5], 's', items, 'f', fence)
 end

@@ -66,7 +66,8 @@ if fence then
   end
   for i = 1, E do
     local items = ARGV[ia + i - 1]
-    redis.call('ZREM', KEYS[ek + 2 * i - 2], ARGV[6] .. ' ' .. fence .. ' ' .. items)
+    redis.call('ZREM', KEYS[ek + 2 * i - 2], ARGV[6] .. ' ' .. fence .. ' ' .. items,
+      ARGV[6] .. ' > ' .. KEYS[ek + 2 * (i % E)])
     redis.call('XADD', KEYS[ek + 2 * i - 1], 'MAXLEN', '~', ARGV[5], '*',
       't', 'confirmed', 'r', ARGV[6], 's', items, 'f', fence)
   end

@@ -69,7 +69,13 @@ for h = 1, H do
 end
 for i = 1, E do
   local items = ARGV[ia + i - 1]
-  redis.call('ZADD', KEYS[ek + 2 * i - 2], at, string.format('%s %d %s', ARGV[8], fence, items))
+  local entry = string.format('%s %d %s', ARGV[8], fence, items)
+  if E == 1 then
+    redis.call('ZADD', KEYS[ek], at, entry)
+  else
+    -- and the link to the next show's index (see hold.lua)
+    redis.call('ZADD', KEYS[ek + 2 * i - 2], at, entry, at, ARGV[8] .. ' > ' .. KEYS[ek + 2 * (i % E)])
+  end
   redis.call('XADD', KEYS[ek + 2 * i - 1], 'MAXLEN', '~', ARGV[7], '*',
     't', 'extended', 'r', ARGV[8], 's', items, 'f', fence, 'x', at)
 end

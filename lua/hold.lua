@@ -402,7 +402,16 @@ for i = 2, first - 1 do
   redis.call('SET', KEYS[i], string.format('%d', fence))
 end
 for i = 1, E do
-  redis.call('ZADD', KEYS[ek + 2 * i - 2], at, string.format('%s %d %s', ARGV[10], fence, ARGV[ia + i - 1]))
+  local entry = string.format('%s %d %s', ARGV[10], fence, ARGV[ia + i - 1])
+  if E == 1 then
+    redis.call('ZADD', KEYS[ek], at, entry)
+  else
+    -- Several shows: each index also links the hold to the next show's
+    -- index ("<ref> > <key>"), so that a sweep of any of them wakes the
+    -- next (sweep.lua). Another instance hears only the home show's record
+    -- expire; without the links the other shows waited for a scan.
+    redis.call('ZADD', KEYS[ek + 2 * i - 2], at, entry, at, ARGV[10] .. ' > ' .. KEYS[ek + 2 * (i % E)])
+  end
 end
 if idem then
   redis.call('SET', idem, string.format('%s 201 %s %d %d', ARGV[6], token, fence, at), 'PX', ARGV[7])

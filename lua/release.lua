@@ -59,7 +59,8 @@ for h = 1, H do
 end
 for i = 1, E do
   local items = ARGV[ia + i - 1]
-  redis.call('ZREM', KEYS[ek + 2 * i - 2], ARGV[6] .. ' ' .. fence .. ' ' .. items)
+  redis.call('ZREM', KEYS[ek + 2 * i - 2], ARGV[6] .. ' ' .. fence .. ' ' .. items,
+    ARGV[6] .. ' > ' .. KEYS[ek + 2 * (i % E)])
   redis.call('XADD', KEYS[ek + 2 * i - 1], 'MAXLEN', '~', ARGV[5], '*',
     't', 'released', 'r', ARGV[6], 's', items, 'f', fence)
 end

@@ -3,7 +3,9 @@
 --
 -- KEYS[1]  the show's deadline index: "<ref> <fence> <seats>" scored with
 --          the hold's expiry (ms, Redis's clock); hold.lua and extend.lua
---          add to it, release.lua, confirm.lua and abandon.lua remove
+--          add to it, release.lua, confirm.lua and abandon.lua remove. A
+--          hold of several shows also has "<ref> > <index key>" in each,
+--          its link to the next show's index, with the same score
 -- KEYS[2]  the show's event stream
 -- ARGV[1]  approximate length cap of the stream
 -- ARGV[2]  most holds to expire in one run
@@ -16,16 +18,19 @@
 -- An entry is due once Redis's clock is past its expiry (Redis keeps a key
 -- through its expiry millisecond, so an extend in that millisecond wins).
 --
--- Returns {written, next_ms, ref...}: the events written, the time until
--- the next deadline of the show (0 when more are due now, -1 when none is
--- left), and the refs of the holds whose events were written (the instance
--- then ignores Redis's expiry notifications of those holds' records).
+-- Returns {written, next_ms, {index key...}, ref...}: the events written,
+-- the time until the next deadline of the show (0 when more are due now, -1
+-- when none is left), the indexes that due links name (the instance sweeps
+-- those shows next: their entries of the same holds are due too), and the
+-- refs of the holds whose events were written (the instance then ignores
+-- Redis's expiry notifications of those holds' records).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Strings to Redis: a number would be printed with "%.17g" (see hold.lua).
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('(%d', now),
   'WITHSCORES', 'LIMIT', '0', ARGV[2])
-local reply = {0, -1}
+local links = {}
+local reply = {0, -1, links}
 for i = 1, #due, 2 do
   local ref, fence, seats = string.match(due[i], '^(%S+) (%d+) (.*)$')
   redis.call('ZREM', KEYS[1], due[i])
@@ -34,6 +39,9 @@ for i = 1, #due, 2 do
       't', 'expired', 'r', ref, 's', seats, 'f', fence, 'x', due[i + 1])
     reply[1] = reply[1] + 1
     reply[#reply + 1] = ref
+  else
+    local link = string.match(due[i], '^%S+ > (.+)$')
+    if link then links[#links + 1] = link end
   end
 end
 local next = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')

@@ -710,6 +710,117 @@ async fn expired_exactly_once_across_a_failover_and_a_dead_instance() {
     drop(survivor);
 }
 
+/// A hold of three shows in one slot whose instance dies before it runs
+/// out: the other instance hears only the home show's hold record expire
+/// (the record lives there), yet every show gets its `expired` event within
+/// 1 s. Each show's deadline index links the hold to the next show, so the
+/// sweep of one wakes the next; before, the other shows waited for the
+/// periodic scan (`--sweep-scan-interval-ms`, 60 s). A released
+/// multi-show hold leaves nothing in any index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_instances_multi_show_hold_expires_in_every_show_on_time() {
+    let _alone = common::exclusive().await;
+    let mut doomed = Daemon::start(&[]).await;
+    let survivor = Daemon::start(&[]).await;
+    let ks = seathold::keys::KeySpace::new("seat-hold:");
+    let base = show("ms");
+    let home = format!("{base}-a");
+    let slot = ks.show_slot(&home);
+    let mut shows = vec![home.clone()];
+    shows.extend(
+        (0..400_000)
+            .map(|i| format!("{base}-{i}"))
+            .filter(|b| ks.show_slot(b) == slot)
+            .take(2),
+    );
+    assert_eq!(shows.len(), 3, "three shows in one slot");
+    let seats = |prefix: &str| -> Value {
+        shows
+            .iter()
+            .map(|s| json!({"show": s, "seat": format!("{prefix}1")}))
+            .collect()
+    };
+
+    // Released: nothing stays in any show's index.
+    let api = Api::new(&survivor.base);
+    let (status, released) = api
+        .call(
+            "POST",
+            "/v1/holds",
+            Some(json!({"seats": seats("R"), "ttlMs": LONG_TTL})),
+        )
+        .await;
+    assert_eq!(status, 201, "{released}");
+    let (status, _) = api
+        .call(
+            "DELETE",
+            &format!("/v1/shows/{home}/holds/{}", token(&released)),
+            None,
+        )
+        .await;
+    assert_eq!(status, 204);
+
+    // Made for 0.5 s and extended to 1.5 s (extend.lua moves the links).
+    let doomed_api = Api::new(&doomed.base);
+    let (status, hold) = doomed_api
+        .call(
+            "POST",
+            "/v1/holds",
+            Some(json!({"seats": seats("M"), "ttlMs": 500})),
+        )
+        .await;
+    assert_eq!(status, 201, "{hold}");
+    let (status, hold) = doomed_api
+        .call(
+            "POST",
+            &format!("/v1/shows/{home}/holds/{}/extend", token(&hold)),
+            Some(json!({"ttlMs": 1_500})),
+        )
+        .await;
+    assert_eq!(status, 200, "{hold}");
+    doomed.child.kill().expect("SIGKILL the instance");
+    let _ = doomed.child.wait();
+    let expires_at = iso_ms(hold["expiresAt"].as_str().expect("expiresAt"));
+    let r = hold_ref(&hold);
+
+    let (_, master) = common::slot_and_master(&home).await;
+    let mut conn = common::node(master).await;
+    let mut late = BTreeMap::new();
+    let until = Instant::now() + Duration::from_secs(6);
+    while late.len() < shows.len() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for sh in &shows {
+            let expired: Vec<i64> = xrange(&mut conn, sh)
+                .await
+                .into_iter()
+                .filter(|(_, t, rr)| t == "expired" && *rr == r)
+                .map(|(id, _, _)| id_ms(&id) - expires_at)
+                .collect();
+            assert!(expired.len() <= 1, "{sh}: {} expired events", expired.len());
+            if let Some(ms) = expired.first() {
+                late.insert(sh.clone(), *ms);
+            }
+        }
+    }
+    eprintln!("multi-show hold of a dead instance: ms after its expiry per show {late:?}");
+    for sh in &shows {
+        let ms = late.get(sh).copied();
+        assert!(
+            ms.is_some_and(|ms| (0..=1_000).contains(&ms)),
+            "{sh}: expired event {ms:?} ms after the expiry (home {home})"
+        );
+        let index: Vec<String> = redis::cmd("ZRANGE")
+            .arg(ks.deadlines(sh))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .expect("ZRANGE");
+        assert!(index.is_empty(), "{sh}: index left {index:?}");
+    }
+    drop(survivor);
+}
+
 /// At an on-sale's pace: 64 clients keep making 1 s holds, each on a show
 /// of its own, for 4 s, while the earlier ones run out. Every hold still
 /// gets exactly one `expired` event within 1 s of its expiry. The sweeper

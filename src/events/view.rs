@@ -154,10 +154,15 @@ impl Views {
                 .iter()
                 .filter_map(|(member, until)| {
                     // "<ref> <fence> <items>"; pool units start with '@'.
+                    // "<ref> > <key>" links a hold of several shows to the
+                    // next show's index (hold.lua): no seats of this show.
                     let mut parts = member.splitn(3, ' ');
                     let reference = parts.next()?.to_owned();
+                    parts
+                        .next()
+                        .filter(|f| f.bytes().all(|b| b.is_ascii_digit()))?;
                     let seats = parts
-                        .nth(1)
+                        .next()
                         .unwrap_or_default()
                         .split(' ')
                         .filter_map(|s| SeatId::parse(s).ok())

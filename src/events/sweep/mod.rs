@@ -6,10 +6,13 @@
 //! removes each due entry and appends its event in one step, with Redis's
 //! clock deciding what is due, so two instances can never both write one.
 //!
-//! Which shows to sweep, and when, comes from three places: this instance's
+//! Which shows to sweep, and when, comes from four places: this instance's
 //! own holds and extends (their deadlines), Redis's keyspace notifications of
 //! expired hold records (a hint, node-local and possibly late, that covers
-//! the holds other instances made), and a scan of every master for deadline
+//! the holds other instances made), the links of holds of several shows
+//! (the record lives under the home show only, so its notification names
+//! that show; each show's index links the hold to the next show's, and a
+//! sweep that finds a link due sweeps that show next), and a scan of every master for deadline
 //! indexes at start, whenever notifications may have been lost (a
 //! subscription restarted, the slot map changed) and every
 //! `--sweep-scan-interval-ms` (60 s), which covers notifications lost
@@ -271,7 +274,21 @@ impl Sweeper {
             })
             .await;
         match reply.as_deref() {
-            Ok([redis::Value::Int(written), redis::Value::Int(next), refs @ ..]) => {
+            Ok(
+                [redis::Value::Int(written), redis::Value::Int(next), redis::Value::Array(links), refs @ ..],
+            ) => {
+                // A hold of several shows links each show's index to the
+                // next: their entries of the same holds are due now too.
+                for link in links {
+                    if let redis::Value::BulkString(key) = link {
+                        if let Some(show) = std::str::from_utf8(key)
+                            .ok()
+                            .and_then(|key| self.keys.parse_deadlines(key))
+                        {
+                            self.hint(show);
+                        }
+                    }
+                }
                 if *written > 0 {
                     let n = u64::try_from(*written).unwrap_or(0);
                     metrics::counter!(m::HOLD_EXPIRIES).increment(n);
