@@ -20,9 +20,11 @@
 --
 -- Returns {1, fence, pttl_ms, now_ms} when extended; {0} when the token no
 -- longer holds every seat (nothing changed); {-1, created_ms, now_ms} when
--- the new expiry would pass the lifetime cap (nothing changed); {-3, record}
--- when the idempotency record exists. Time is Redis's own clock. A resend
--- of this script extends again to the same TTL: the same answer.
+-- the new expiry would pass the lifetime cap (nothing changed); {-3, record,
+-- now_ms} when the idempotency record exists. Time is Redis's own clock.
+-- The daemon runs every extend under an idempotency key (its own when the
+-- client sent none), so a resend of this script after a lost reply finds
+-- the first run's record instead of extending again.
 local E, P, H = tonumber(ARGV[6]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local idem = ARGV[4] ~= '' and KEYS[#KEYS]
 local last = #KEYS - 2 * (E + P + H) - (idem and 1 or 0)
@@ -32,7 +34,10 @@ local ia, qa = 11, 11 + E
 local ua = qa + P
 if idem then
   local done = redis.call('GET', idem)
-  if done then return {-3, done} end
+  if done then
+    local t = redis.call('TIME')
+    return {-3, done, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+  end
 end
 local record = redis.call('GET', KEYS[1])
 local fence, created = string.match(record or '', '^(%d+) (%d+) ')

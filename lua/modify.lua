@@ -34,7 +34,10 @@
 -- pttl_ms, now_ms}; {0}; {-7}; as hold.lua: {0, i, state, pttl, ...} for
 -- taken added seats (i 1-based among the added), {-5, 0, j, requested,
 -- available, ...} for short pools, {-6, limit, current, requested}; {-3,
--- record} when the idempotency record exists.
+-- record, now_ms} when the idempotency record exists (the daemon runs every
+-- change under a key, its own when the client sent none, so a resend of
+-- this script after a lost reply finds the first run's record instead of
+-- a changed hold).
 local token = ARGV[1]
 local K, R, A, U = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local H, E = tonumber(ARGV[10]), tonumber(ARGV[12])
@@ -46,7 +49,10 @@ local idem = ARGV[4] ~= '' and KEYS[ek + 2 * E]
 
 if idem then
   local done = redis.call('GET', idem)
-  if done then return {-3, done} end
+  if done then
+    local t = redis.call('TIME')
+    return {-3, done, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+  end
 end
 local record = redis.call('GET', KEYS[1])
 local fence, created = string.match(record or '', '^(%d+) (%d+) ')

@@ -1171,6 +1171,48 @@ async fn extend_replay_answers_current_expiry() {
     assert_eq!(seat_state(&s, &sh, "E1").await["state"], "free");
 }
 
+/// Two copies of one extend sent at once with the same key (a client that
+/// retried before its first try answered): both answer 200 with the new
+/// remaining time. The copy that loses the race learns of the other from
+/// the script's replay; it answered the remaining time it had read before
+/// the script ran (here 20 s instead of 300 s).
+#[tokio::test]
+async fn concurrent_twins_of_an_extend_answer_the_new_expiry() {
+    let _r = EXCLUSIVE.read().await;
+    let s = server_with(options()).await;
+    let sh = show("twins");
+    let mut replays = 0;
+    for i in 0..12 {
+        let made = send(
+            &s,
+            "POST",
+            &format!("/v1/shows/{sh}/holds"),
+            Some(json!({"seats": [format!("T{i}")], "ttlMs": 20_000})),
+            None,
+        )
+        .await;
+        assert_eq!(made.status, 201, "{made:?}");
+        let path = format!("/v1/shows/{sh}/holds/{}/extend", token_of(&made.body));
+        let key = idem_key("twins");
+        let body = json!({"ttlMs": 300_000});
+        let (a, b) = tokio::join!(
+            send(&s, "POST", &path, Some(body.clone()), Some(&key)),
+            send(&s, "POST", &path, Some(body.clone()), Some(&key)),
+        );
+        for r in [&a, &b] {
+            assert_eq!(r.status, 200, "{r:?}");
+            let left = r.body["expiresInMs"].as_i64().expect("expiresInMs");
+            assert!(
+                (290_000..=300_000).contains(&left),
+                "a twin answered {left} ms left: {r:?}"
+            );
+        }
+        replays += usize::from(a.replayed) + usize::from(b.replayed);
+    }
+    eprintln!("12 pairs of twins: {replays} replays");
+    assert!(replays >= 12, "every pair has one replay: {replays}");
+}
+
 /// A release replayed answers 204 again, marked, also after the hold is
 /// gone; without the key the same DELETE is 404.
 #[tokio::test]
@@ -1354,6 +1396,211 @@ async fn release_script_resent_after_a_lost_reply_answers_the_replay() {
     assert_eq!((retry.status, retry.replayed), (204, true), "{retry:?}");
     let plain = send(&s, "DELETE", &path, None, None).await;
     assert_eq!(plain.status, 404, "without the key it is gone: {plain:?}");
+}
+
+/// The events of `show` of one type.
+async fn events_of(show: &str, kind: &str) -> usize {
+    let mut r = common::redis().await;
+    let entries: Vec<(String, BTreeMap<String, String>)> = redis::cmd("XRANGE")
+        .arg(keys().events(show))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut r)
+        .await
+        .expect("XRANGE");
+    entries
+        .iter()
+        .filter(|(_, f)| f.get("t").map(String::as_str) == Some(kind))
+        .count()
+}
+
+/// Runs `script` through a proxy that loses its reply, then sends it again
+/// directly, as the daemon resends a script whose connection broke after
+/// sending; answers the second run's reply.
+async fn run_twice_losing_the_first_reply(
+    master: u16,
+    script: &seathold::scripts::Script,
+    keys: &[String],
+    args: impl Fn(&mut redis::Cmd),
+) -> RValue {
+    let proxy = Proxy::start(master).await;
+    let mut via_proxy = proxy.redis().await;
+    proxy.lose_next_reply();
+    let lost: redis::RedisResult<RValue> = tokio::time::timeout(
+        Duration::from_secs(5),
+        script.run(&mut via_proxy, keys, &args),
+    )
+    .await
+    .expect("the lost reply ends in an error, not a hang");
+    assert!(lost.is_err(), "the reply was lost: {lost:?}");
+    tokio::time::timeout(Duration::from_secs(1), proxy.lost.notified())
+        .await
+        .expect("the proxy swallowed a reply");
+    let mut direct = common::node(master).await;
+    script
+        .run(&mut direct, keys, &args)
+        .await
+        .expect("the resend")
+}
+
+/// The daemon's own idempotency records (`#idem:~…`) in `show`'s slot.
+async fn own_records(show: &str) -> Vec<(String, i64)> {
+    let (_, keys_found) = common::keys_in_slot(keys().show_slot(show)).await;
+    let prefix = keys().idempotency(show, "~");
+    let mut out = Vec::new();
+    for k in keys_found.into_iter().filter(|k| k.starts_with(&prefix)) {
+        let v = get_opt(&k).await.unwrap_or_default();
+        out.push((v, pttl(&k).await));
+    }
+    out
+}
+
+/// extend.lua and modify.lua run under the daemon's own key, as the daemon
+/// now runs every extend and PATCH without a client's key, answer a resend
+/// after a lost reply with the first run's record and Redis's time
+/// (`{-3, record, now}`), and change nothing more: one `extended` and one
+/// `modified` event. Without a key a resent extend wrote a second event
+/// (and near the lifetime cap answered 422), and a resent PATCH was refused
+/// (its first run had changed the hold). A plain extend and PATCH through
+/// the daemon leave such a record, kept at most 60 s.
+#[tokio::test]
+async fn extend_and_modify_resent_after_a_lost_reply_change_once() {
+    let _r = EXCLUSIVE.read().await;
+    let s = server_with(options()).await;
+    let sh = show("resent");
+    let hold = s.hold(&sh, &["X1"]).await;
+    let token = token_of(&hold);
+    let hold_ref = seathold::ids::HoldToken::parse(&token)
+        .expect("token")
+        .hold_ref();
+    let master = master_of(&sh).await;
+    let ks = keys();
+    let scripts = Scripts::embedded();
+    let own = Idem::internal();
+
+    // extend.lua: events on (E = 1), no pools, no holder.
+    let extend_keys = vec![
+        ks.hold_record(&sh, &token),
+        ks.seat(&sh, "X1"),
+        ks.deadlines(&sh),
+        ks.events(&sh),
+        ks.idempotency(&sh, own.key.as_str()),
+    ];
+    let extend_args = |c: &mut redis::Cmd| {
+        c.arg(&token)
+            .arg(200_000)
+            .arg(3_600_000)
+            .arg(&own.fingerprint)
+            .arg(60_000)
+            .arg(1)
+            .arg(10_000)
+            .arg(&hold_ref)
+            .arg(0)
+            .arg(0)
+            .arg("X1");
+    };
+    let again =
+        run_twice_losing_the_first_reply(master, &scripts.extend, &extend_keys, extend_args).await;
+    let RValue::Array(again) = again else {
+        panic!("extend.lua answered {again:?}");
+    };
+    match again.as_slice() {
+        [RValue::Int(-3), RValue::BulkString(record), RValue::Int(now)] => {
+            let record = String::from_utf8_lossy(record);
+            assert!(record.starts_with("daemon 200 "), "{record}");
+            let at: i64 = record.split(' ').nth(3).expect("at").parse().expect("ms");
+            assert!(
+                (199_000..=200_000).contains(&(at - now)),
+                "{record} at {now}"
+            );
+        }
+        other => panic!("the resend extended again: {other:?}"),
+    }
+    assert_eq!(events_of(&sh, "extended").await, 1, "one extended event");
+
+    // modify.lua: add X2 to the hold.
+    let record = get_opt(&ks.hold_record(&sh, &token)).await.expect("record");
+    let fields: Vec<&str> = record.splitn(3, ' ').collect();
+    let (fence, tail) = (fields[0].to_owned(), fields[2].to_owned());
+    let new_record = format!("{tail} {sh}/X2");
+    let own2 = Idem::internal();
+    let modify_keys = vec![
+        ks.hold_record(&sh, &token),
+        ks.fence(&sh),
+        ks.seat(&sh, "X1"),
+        ks.seat(&sh, "X2"),
+        ks.deadlines(&sh),
+        ks.events(&sh),
+        ks.idempotency(&sh, own2.key.as_str()),
+    ];
+    let modify_args = |c: &mut redis::Cmd| {
+        c.arg(&token)
+            .arg(&new_record)
+            .arg(&hold_ref)
+            .arg(&own2.fingerprint)
+            .arg(60_000)
+            .arg(1) // K
+            .arg(0) // R
+            .arg(1) // A
+            .arg(0) // U
+            .arg(0) // H
+            .arg(0)
+            .arg(1) // E
+            .arg(10_000)
+            .arg("X1")
+            .arg("X1 X2")
+            .arg(1)
+            .arg(2)
+            .arg(&fence);
+    };
+    let again =
+        run_twice_losing_the_first_reply(master, &scripts.modify, &modify_keys, modify_args).await;
+    let RValue::Array(again) = again else {
+        panic!("modify.lua answered {again:?}");
+    };
+    assert!(
+        matches!(again.as_slice(), [RValue::Int(-3), RValue::BulkString(r), RValue::Int(_)] if r.starts_with(b"daemon 200 ")),
+        "the resend changed the hold again or was refused: {again:?}"
+    );
+    assert_eq!(events_of(&sh, "modified").await, 1, "one modified event");
+    let (status, seats) = s.get(&format!("/v1/shows/{sh}/holds/{token}")).await;
+    assert_eq!(status, 200, "{seats}");
+    assert_eq!(seats["seats"], json!(["X1", "X2"]));
+
+    // Through the daemon without a key: its own records.
+    let before = own_records(&sh).await.len();
+    let extended = send(
+        &s,
+        "POST",
+        &format!("/v1/shows/{sh}/holds/{token}/extend"),
+        Some(json!({"ttlMs": 100_000})),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (extended.status, extended.replayed),
+        (200, false),
+        "{extended:?}"
+    );
+    let patched = send(
+        &s,
+        "PATCH",
+        &format!("/v1/shows/{sh}/holds/{token}"),
+        Some(json!({"remove": ["X2"]})),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (patched.status, patched.replayed),
+        (200, false),
+        "{patched:?}"
+    );
+    let records = own_records(&sh).await;
+    assert_eq!(records.len(), before + 2, "{records:?}");
+    for (record, ttl) in &records {
+        assert!(record.starts_with("daemon 200 "), "{record}");
+        assert!(*ttl > 0 && *ttl <= 60_000, "{record}: PTTL {ttl}");
+    }
 }
 
 /// At HTTP level: a DELETE whose 204 was lost on the way back (the daemon

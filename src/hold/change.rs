@@ -4,7 +4,7 @@ use redis::Value;
 
 use super::lookup::Found;
 use super::plan::{ints, replay_of, Tail};
-use super::{count, Answer, Service, INTERNAL_IDEMPOTENCY_TTL_MS};
+use super::{count, Answer, Service};
 use crate::cluster::{Deadline, Wait};
 use crate::error::Error;
 use crate::idempotency::{Idem, Recorded};
@@ -65,15 +65,16 @@ impl Service {
         let lookup = self.lookup(deadline, show, &token, idem, false).await?;
         if let (Some(recorded), Some(idem)) = (lookup.recorded, idem) {
             let recorded = Recorded::parse(&recorded, idem)?;
-            return replay_extend(show, token, lookup.found, lookup.now_ms, &recorded);
+            let hold = replay_extend(show, token, lookup.found, lookup.now_ms, &recorded)?;
+            return Ok(Answer::replayed(hold));
         }
         let Found::Hold(rec) = lookup.found else {
             return Err(Error::HoldNotFound);
         };
+        let run = self.run_key(idem);
         let tail = Tail::new(self, show, &rec.contents, &token, false);
         let mut key_list = self.hold_keys(show, &token, &rec.contents, &tail);
-        let (idem_key, fingerprint) = self.idem_args(show, idem);
-        key_list.extend(idem_key);
+        key_list.push(self.keys.idempotency(show, run.idem.key.as_str()));
         let max = self.limits.max_hold_lifetime_ms;
         let reply: Vec<Value> = self
             .cluster
@@ -81,15 +82,23 @@ impl Service {
                 c.arg(token.as_str())
                     .arg(ttl)
                     .arg(max)
-                    .arg(fingerprint)
-                    .arg(self.limits.idempotency_ttl_ms);
+                    .arg(&run.idem.fingerprint)
+                    .arg(run.ttl_ms);
                 tail.push(c);
             })
             .await?;
-        if let (Some(recorded), Some(idem)) = (replay_of(&reply), idem) {
-            // A concurrent twin of this request won the race.
-            let recorded = Recorded::parse(&recorded, idem)?;
-            return replay_extend(show, token, Found::Hold(rec), lookup.now_ms, &recorded);
+        if let Some((recorded, now)) = replay_of(&reply) {
+            // A resend of this very script (under the daemon's own key), or
+            // a concurrent twin of this request that won the race: the
+            // record and Redis's time of this reply tell the expiry.
+            let recorded = Recorded::parse(&recorded, &run.idem)?;
+            let now = now.unwrap_or(lookup.now_ms);
+            let hold = replay_extend(show, token, Found::Nothing, now, &recorded)?;
+            if run.own {
+                count(m::EXTENDS, 1);
+                tail.count_events("extended");
+            }
+            return Ok(Answer::replayed_under(hold, &run));
         }
         match ints(&reply).unwrap_or_default().as_slice() {
             [1, fence, pttl, now] => {
@@ -134,23 +143,16 @@ impl Service {
         let Found::Hold(rec) = lookup.found else {
             return Err(Error::HoldNotFound);
         };
-        // Without a client's key, a key of the daemon's own: a resend of the
-        // script then finds it and answers 204 as the first run did.
-        let internal;
-        let (idem, ttl, own_key) = match idem {
-            Some(idem) => (idem, self.limits.idempotency_ttl_ms, false),
-            None => {
-                internal = Idem::internal();
-                (&internal, INTERNAL_IDEMPOTENCY_TTL_MS, true)
-            }
-        };
+        let run = self.run_key(idem);
         let tail = Tail::new(self, show, &rec.contents, &token, false);
         let mut key_list = self.hold_keys(show, &token, &rec.contents, &tail);
-        key_list.push(self.keys.idempotency(show, idem.key.as_str()));
+        key_list.push(self.keys.idempotency(show, run.idem.key.as_str()));
         let reply: Value = self
             .cluster
             .eval(deadline, &self.cluster.scripts().release, &key_list, |c| {
-                c.arg(token.as_str()).arg(&idem.fingerprint).arg(ttl);
+                c.arg(token.as_str())
+                    .arg(&run.idem.fingerprint)
+                    .arg(run.ttl_ms);
                 tail.push(c);
             })
             .await?;
@@ -162,16 +164,13 @@ impl Service {
             }
             Value::Int(0) => Err(Error::HoldNotFound),
             Value::Array(reply) => {
-                let recorded = replay_of(&reply)
+                let (recorded, _) = replay_of(&reply)
                     .ok_or_else(|| Error::Internal("unexpected reply of release.lua".into()))?;
-                Recorded::parse(&recorded, idem)?;
-                // The daemon's own resend is no replay for the client.
-                Ok(if own_key {
+                Recorded::parse(&recorded, &run.idem)?;
+                if run.own {
                     count(m::RELEASES, 1);
-                    Answer::fresh(())
-                } else {
-                    Answer::replayed(())
-                })
+                }
+                Ok(Answer::replayed_under((), &run))
             }
             other => Err(Error::Internal(format!(
                 "unexpected reply of release.lua: {other:?}"
@@ -271,7 +270,7 @@ pub(super) fn replay_extend(
     found: Found,
     now_ms: i64,
     recorded: &Recorded,
-) -> Result<Answer<Hold>, Error> {
+) -> Result<Hold, Error> {
     let (fence, at) = (recorded.int(0)?, recorded.int(1)?);
     let unreadable = || Error::Internal("unreadable idempotency record of an extend".into());
     let (contents, pttl) = match found {
@@ -283,12 +282,12 @@ pub(super) fn replay_extend(
             (contents, (at - now_ms).max(0))
         }
     };
-    Ok(Answer::replayed(Hold::new(
+    Ok(Hold::new(
         token,
         show.clone(),
         contents,
         fence,
         pttl,
         now_ms,
-    )))
+    ))
 }

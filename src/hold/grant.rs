@@ -78,7 +78,7 @@ impl Service {
         in_flight.armed &= reply.as_ref().is_err_and(may_have_run);
         drop(in_flight);
         let reply = reply?;
-        if let (Some(recorded), Some(idem)) = (replay_of(&reply), idem) {
+        if let (Some((recorded, _)), Some(idem)) = (replay_of(&reply), idem) {
             let recorded = Recorded::parse(&recorded, idem)?;
             // The token is this request's own: the record is of this very
             // request's first run, whose answer was lost with its

@@ -53,9 +53,35 @@ pub struct Limits {
     pub max_per_holder: u64,
 }
 
-/// How long the daemon's own idempotency record of a release is kept: long
+/// How long the daemon's own idempotency record of a change is kept: long
 /// enough for any resend of its script within one request's deadline.
 const INTERNAL_IDEMPOTENCY_TTL_MS: u64 = 60_000;
+
+/// The idempotency key a change's script runs under (release, extend,
+/// modify): the client's, or without one a key of the daemon's own. The
+/// daemon resends a script whose connection broke after sending; the resend
+/// then finds the first run's record and answers as it did, where it would
+/// otherwise change the hold again (a second `extended` event, or a PATCH
+/// refused because the first run already made it).
+struct RunKey<'a> {
+    idem: std::borrow::Cow<'a, Idem>,
+    ttl_ms: u64,
+    /// The daemon's own key: a replay under it is the first run's answer
+    /// to this very request, not a replay for the client.
+    own: bool,
+}
+
+impl<T> Answer<T> {
+    /// `value` replayed under `key`: for the client, or (the daemon's own
+    /// key) as the first run's answer.
+    fn replayed_under(value: T, key: &RunKey<'_>) -> Self {
+        if key.own {
+            Self::fresh(value)
+        } else {
+            Self::replayed(value)
+        }
+    }
+}
 
 /// An answer, and whether it was replayed from an idempotency record.
 #[derive(Debug)]
@@ -160,6 +186,22 @@ impl Service {
             return Err(Error::TooManySeats(self.limits.max_seats_per_hold));
         }
         Ok(())
+    }
+
+    /// The key a change runs under (see [`RunKey`]).
+    fn run_key<'a>(&self, idem: Option<&'a Idem>) -> RunKey<'a> {
+        match idem {
+            Some(idem) => RunKey {
+                idem: std::borrow::Cow::Borrowed(idem),
+                ttl_ms: self.limits.idempotency_ttl_ms,
+                own: false,
+            },
+            None => RunKey {
+                idem: std::borrow::Cow::Owned(Idem::internal()),
+                ttl_ms: INTERNAL_IDEMPOTENCY_TTL_MS,
+                own: true,
+            },
+        }
     }
 
     /// The idempotency key of `idem` under `show`, and the script argument

@@ -8,7 +8,7 @@ use redis::Value;
 use super::change::replay_extend;
 use super::lookup::Found;
 use super::plan::{ints, refusal, replay_of};
-use super::{Answer, Service};
+use super::{Answer, RunKey, Service};
 use crate::cluster::Deadline;
 use crate::error::Error;
 use crate::idempotency::{Idem, Recorded};
@@ -66,7 +66,8 @@ impl Service {
         let lookup = self.lookup(deadline, show, &token, idem, false).await?;
         if let (Some(recorded), Some(idem)) = (lookup.recorded, idem) {
             let recorded = Recorded::parse(&recorded, idem)?;
-            return replay_extend(show, token, lookup.found, lookup.now_ms, &recorded).map(Some);
+            let hold = replay_extend(show, token, lookup.found, lookup.now_ms, &recorded)?;
+            return Ok(Some(Answer::replayed(hold)));
         }
         let Found::Hold(rec) = lookup.found else {
             return Err(Error::HoldNotFound);
@@ -74,8 +75,8 @@ impl Service {
         let old = rec.contents;
         let new = self.changed(show, &old, change)?;
 
-        let (keys, kept, pool_ids) = self.modify_keys(show, &token, &old, change, idem)?;
-        let (_, fingerprint) = self.idem_args(show, idem);
+        let run = self.run_key(idem);
+        let (keys, kept, pool_ids) = self.modify_keys(show, &token, &old, change, &run)?;
         let events = self.limits.events_max_len;
         let quantity = |c: &Contents, pool: &PoolId| {
             c.pools
@@ -91,8 +92,8 @@ impl Service {
                 c.arg(token.as_str())
                     .arg(&record)
                     .arg(token.hold_ref())
-                    .arg(fingerprint)
-                    .arg(self.limits.idempotency_ttl_ms)
+                    .arg(&run.idem.fingerprint)
+                    .arg(run.ttl_ms)
                     .arg(kept)
                     .arg(change.remove.len())
                     .arg(change.add.len())
@@ -111,9 +112,16 @@ impl Service {
                 }
             })
             .await?;
-        if let (Some(recorded), Some(idem)) = (replay_of(&reply), idem) {
-            let recorded = Recorded::parse(&recorded, idem)?;
-            return replay_extend(show, token, Found::Nothing, lookup.now_ms, &recorded).map(Some);
+        if let Some((recorded, now)) = replay_of(&reply) {
+            // A resend of this very script (under the daemon's own key), or
+            // a concurrent twin of this request that won the race.
+            let recorded = Recorded::parse(&recorded, &run.idem)?;
+            let now = now.unwrap_or(lookup.now_ms);
+            let hold = replay_extend(show, token, Found::Nothing, now, &recorded)?;
+            if run.own && events.is_some() {
+                metrics::counter!(m::EVENTS, "type" => "modified").increment(1);
+            }
+            return Ok(Some(Answer::replayed_under(hold, &run)));
         }
         match ints(&reply).unwrap_or_default().as_slice() {
             [1, fence, pttl, now] => {
@@ -155,7 +163,7 @@ impl Service {
         token: &HoldToken,
         old: &'a Contents,
         change: &'a Change,
-        idem: Option<&Idem>,
+        run: &RunKey<'_>,
     ) -> Result<(Vec<String>, usize, Vec<&'a PoolId>), Error> {
         let Seats::Show(old_seats) = &old.seats else {
             return Err(Error::InvalidRequest(
@@ -188,7 +196,7 @@ impl Service {
             keys.push(self.keys.deadlines(show));
             keys.push(self.keys.events(show));
         }
-        keys.extend(self.idem_args(show, idem).0);
+        keys.push(self.keys.idempotency(show, run.idem.key.as_str()));
         Ok((keys, kept.len(), pool_ids))
     }
 

@@ -179,9 +179,10 @@ pub(super) fn text(v: Option<&Value>) -> Option<String> {
 
 /// The `{-3, record}` reply of a write script whose idempotency record
 /// already exists.
-pub(super) fn replay_of(reply: &[Value]) -> Option<String> {
+pub(super) fn replay_of(reply: &[Value]) -> Option<(String, Option<i64>)> {
     match reply {
-        [Value::Int(-3), record] => text(Some(record)),
+        [Value::Int(-3), record] => Some((text(Some(record))?, None)),
+        [Value::Int(-3), record, Value::Int(now)] => Some((text(Some(record))?, Some(*now))),
         _ => None,
     }
 }
