@@ -12,8 +12,12 @@
 -- sold is allowed: nothing is taken from existing holds, and no new hold is
 -- granted until units come back.
 --
--- Returns {capacity, held, sold}, or {-1} when reading a pool that was
--- never created.
+-- A resize to the capacity the pool has already changes nothing and writes
+-- no event, so a resend of this script (or a client's repeated PUT) writes
+-- one `pool_changed` event, not two.
+--
+-- Returns {capacity, held, sold, written}, written 1 when a `pool_changed`
+-- event was written, or {-1} when reading a pool that was never created.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- "(<now>" as digits: a Lua number would be printed with "%.14g" by
@@ -26,15 +30,18 @@ if #gone > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', below)
   redis.call('HINCRBY', KEYS[1], 'held', -units)
 end
-if ARGV[1] ~= '' then
+local v = redis.call('HMGET', KEYS[1], 'capacity', 'held', 'sold')
+local written = 0
+if ARGV[1] ~= '' and v[1] ~= ARGV[1] then
   redis.call('HSET', KEYS[1], 'capacity', ARGV[1])
+  v[1] = ARGV[1]
   if ARGV[2] ~= '' then
     redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*',
       't', 'pool_changed', 's', '@' .. ARGV[3] .. '=' .. ARGV[1])
+    written = 1
   end
 end
-local v = redis.call('HMGET', KEYS[1], 'capacity', 'held', 'sold')
 if not v[1] then
   return {-1}
 end
-return {tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0}
+return {tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0, written}

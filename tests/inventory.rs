@@ -1169,6 +1169,10 @@ async fn capacity_below_held() {
     assert_eq!(figures(&raised), (20, 0, 7, 13));
     api.hold_ok(&sh, json!({"pools": {"floor": 13}})).await;
     assert_eq!(api.pool(&sh, "floor").await, (20, 13, 7, 0));
+    // The same capacity again (a repeated PUT, or the daemon's resend of
+    // its script) changes nothing and writes no second event.
+    let again = api.set_pool(&sh, "floor", 20).await;
+    assert_eq!(figures(&again), (20, 13, 7, 0));
 
     let changes: Vec<Value> = events(&api, &sh)
         .await

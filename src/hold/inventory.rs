@@ -37,8 +37,8 @@ impl Service {
             })
             .await?;
         match ints(&reply).unwrap_or_default().as_slice() {
-            [total, held, sold] => {
-                if capacity.is_some() && self.limits.events_max_len.is_some() {
+            [total, held, sold, written] => {
+                if *written == 1 {
                     metrics::counter!(crate::metrics::EVENTS, "type" => "pool_changed")
                         .increment(1);
                 }
