@@ -32,8 +32,8 @@
 -- hold.lua's, pools with Redis's clock (expired holds give their units back
 -- first), the holder limit on what the change adds. Returns {1, fence,
 -- pttl_ms, now_ms}; {0}; {-7}; as hold.lua: {0, i, state, pttl, ...} for
--- taken added seats (i 1-based among the added), {-5, 0, j, requested,
--- available, ...} for short pools, {-6, limit, current, requested}; {-3,
+-- taken added seats (i 1-based among the added), {-5, n, <n numbers of
+-- taken seats as for 0>, j, requested, available, ...} for short pools, {-6, limit, current, requested}; {-3,
 -- record, now_ms} when the idempotency record exists (the daemon runs every
 -- change under a key, its own when the client sent none, so a resend of
 -- this script after a lost reply finds the first run's record instead of
@@ -68,10 +68,11 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- printed with "%.17g" (see hold.lua).
 local at = string.format('%d', redis.call('PEXPIRETIME', KEYS[1]))
 
--- Added seats must be free.
+-- Added seats must be free; taken ones are answered with the pools that
+-- are short too, as hold.lua does, so the client learns all at once.
+local taken = {0}
 if A > 0 then
   local values = redis.call('MGET', unpack(KEYS, as, pk - 1))
-  local taken = {0}
   for i = 1, A do
     local v = values[i]
     if v then
@@ -82,7 +83,6 @@ if A > 0 then
       taken[#taken + 1] = redis.call('PTTL', KEYS[as + i - 1])
     end
   end
-  if #taken > 1 then return taken end
 end
 
 local function prune(holds)
@@ -112,7 +112,15 @@ for u = 1, U do
     end
   end
 end
-if #short > 2 then return short end
+if #short > 2 then
+  if #taken > 1 then
+    -- {-5, n, <n numbers of the taken seats' triples>, pools...}
+    short[2] = #taken - 1
+    for i = #taken, 2, -1 do table.insert(short, 3, taken[i]) end
+  end
+  return short
+end
+if #taken > 1 then return taken end
 
 -- The holder limit counts what the change adds.
 local old_units, new_units = tonumber(ARGV[16]), tonumber(ARGV[17])

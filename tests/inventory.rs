@@ -926,6 +926,19 @@ async fn patch_a_hold() {
     unchanged(api.clone(), path.clone(), changed.clone()).await;
     let (_, state) = api.get(&format!("/v1/shows/{sh}/seats/E11")).await;
     assert_eq!(state["state"], "free");
+    // A taken seat and a short pool: both named, as a hold names them.
+    let (status, body) = api
+        .patch(&path, json!({"add": ["E10", "E12"], "pools": {"floor": 6}}))
+        .await;
+    assert_error(status, &body, 409, "seats_taken");
+    assert_eq!(body["taken"].as_array().map(Vec::len), Some(1), "{body}");
+    assert_eq!(body["taken"][0]["seat"], "E10", "{body}");
+    assert_eq!(
+        body["pools"],
+        json!([{"pool": "floor", "requested": 6, "available": 5}]),
+        "{body}"
+    );
+    unchanged(api.clone(), path.clone(), changed.clone()).await;
     // Removing every seat and unit is a release: 400.
     let (status, body) = api
         .patch(
