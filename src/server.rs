@@ -182,6 +182,9 @@ pub async fn run(
     {
         tracing::warn!("some connections did not finish in time; closing them");
     }
+    if let Some(events) = &app.events {
+        events.hub.close();
+    }
     tasks.stop().await;
     tracing::info!("stopped");
     Ok(())

@@ -821,6 +821,66 @@ async fn a_dead_instances_multi_show_hold_expires_in_every_show_on_time() {
     drop(survivor);
 }
 
+/// The show readers stop with the server. An embedded server (as tests run
+/// it) left its `XREAD` connection open after it stopped: until its block
+/// ran out (30 s with the seat view off) or, for a show whose seat view was
+/// in use, for as long as the view stayed in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_readers_stop_with_the_server() {
+    let _alone = common::exclusive().await;
+    for view_max_lag_ms in [0, 250] {
+        let sh = show("bye");
+        let (_, master) = common::slot_and_master(&sh).await;
+        let xreads = || async move {
+            common::client_list(master)
+                .await
+                .into_iter()
+                .filter(|c| c.get("cmd").map(String::as_str) == Some("xread"))
+                .filter_map(|c| c.get("id").cloned())
+                .collect::<HashSet<String>>()
+        };
+        let before = xreads().await;
+        let s = common::server_with(seathold::config::Options {
+            view_max_lag_ms,
+            view_min_rate: 0,
+            ..common::options()
+        })
+        .await;
+        let (status, sub) = sse(&s.base, &sh, "", None).await;
+        assert_eq!(status, 200);
+        // A seat read gives the show its seat view (with the view on).
+        let (status, _) = Api::new(&s.base)
+            .call("GET", &format!("/v1/shows/{sh}/seats/A1"), None)
+            .await;
+        assert_eq!(status, 200);
+        let until = Instant::now() + Duration::from_secs(5);
+        let ours = loop {
+            let ours = &xreads().await - &before;
+            if !ours.is_empty() {
+                break ours;
+            }
+            assert!(Instant::now() < until, "no reader of the show");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let stopped = Instant::now();
+        s.stop().await;
+        drop(sub);
+        eventually(
+            Duration::from_secs(2),
+            "the reader's connection to close",
+            || {
+                let ours = ours.clone();
+                async move { xreads().await.is_disjoint(&ours) }
+            },
+        )
+        .await;
+        eprintln!(
+            "view lag {view_max_lag_ms} ms: reader gone {:?} after the stop began",
+            stopped.elapsed()
+        );
+    }
+}
+
 /// At an on-sale's pace: 64 clients keep making 1 s holds, each on a show
 /// of its own, for 4 s, while the earlier ones run out. Every hold still
 /// gets exactly one `expired` event within 1 s of its expiry. The sweeper

@@ -9,7 +9,8 @@
 //! [`super::read`], so that nothing falls between the two. Each event goes to a broadcast channel; a
 //! subscriber that falls more than [`BUFFER`] events behind is dropped by the
 //! channel (and disconnected by [`super::sse`]). The reader stops when its
-//! last subscriber has gone.
+//! last subscriber has gone and the show's seat view is idle, or at
+//! shutdown ([`Hub::close`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,6 +45,8 @@ pub struct Hub {
     /// position is possible: `XADD MAXLEN ~` keeps at least the cap, so a
     /// read after a trimmed position answers at least this many.
     gap_possible_at: usize,
+    /// Turns true at shutdown: every reader stops, views in use or not.
+    closed: watch::Sender<bool>,
 }
 
 /// What a show's reader sends its subscribers.
@@ -86,7 +89,15 @@ impl Hub {
             shows: Mutex::new(HashMap::new()),
             block,
             gap_possible_at: usize::try_from(max_len).unwrap_or(usize::MAX).min(BUFFER),
+            closed: watch::Sender::new(false),
         })
+    }
+
+    /// Stops every reader (at shutdown, once the event streams have ended):
+    /// a reader otherwise runs while its show's seat view is in use, and an
+    /// embedded server would leave its connections open after it stopped.
+    pub fn close(&self) {
+        self.closed.send_replace(true);
     }
 
     /// A subscription to `show`'s events, and its feed; starts the show's
@@ -173,14 +184,20 @@ impl Hub {
         // Whether a read failed since the last one that succeeded: the next
         // reply is applied only once nothing after `last` proves trimmed.
         let mut resumed = false;
+        let mut closed = self.closed.subscribe();
+        let retire = || {
+            let mut shows = self.lock();
+            shows.remove(&show);
+            metrics::gauge!(crate::metrics::EVENT_READERS).set(shows.len() as f64);
+        };
         loop {
             {
                 // Stop under the lock, so that a new subscriber either finds
                 // this reader's sender or starts a new reader.
-                let mut shows = self.lock();
-                if tx.receiver_count() == 0 && !feed.view_in_use() {
-                    metrics::gauge!(crate::metrics::EVENT_READERS).set((shows.len() - 1) as f64);
-                    shows.remove(&show);
+                let shows = self.lock();
+                if *closed.borrow() || (tx.receiver_count() == 0 && !feed.view_in_use()) {
+                    drop(shows);
+                    retire();
                     return;
                 }
             }
@@ -207,16 +224,22 @@ impl Hub {
                 }
                 continue;
             };
-            let reply: Result<Value, _> = redis::cmd("XREAD")
+            let mut xread = redis::cmd("XREAD");
+            xread
                 .arg("COUNT")
                 .arg(BUFFER)
                 .arg("BLOCK")
                 .arg(self.block.as_millis() as u64)
                 .arg("STREAMS")
                 .arg(&stream)
-                .arg(from.to_string())
-                .query_async(c)
-                .await;
+                .arg(from.to_string());
+            let reply = tokio::select! {
+                reply = xread.query_async::<Value>(c) => reply,
+                _ = closed.wait_for(|c| *c) => {
+                    retire();
+                    return;
+                }
+            };
             match reply {
                 Ok(reply) => {
                     backoff = Duration::from_millis(50);
