@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::{cluster, options, server_with, show};
 use redis::AsyncCommands;
+use serde_json::json;
 
 const PASSWORD: &str = "acl-test-password-1";
 
@@ -87,6 +88,72 @@ async fn works_as_the_least_privileged_acl_user() {
     assert_eq!(status, 201);
     s.wait_metric("seathold_hold_expiries_total", 1.0, Duration::from_secs(15))
         .await;
+
+    // Pools, holder limits and changes: the scripts' hash, counter and
+    // pruning commands (the file once lacked them: every such request was
+    // answered 503, NOPERM inside the script).
+
+    let call = |method: &'static str, path: String, body: Option<serde_json::Value>| {
+        let s = &s;
+        async move {
+            let (status, body) = s.call(method, &path, body).await;
+            assert!(status < 300, "{method} {path}: {status} {body}");
+            body
+        }
+    };
+    call(
+        "PUT",
+        format!("/v1/shows/{sh}/pools/floor"),
+        Some(json!({"capacity": 10})),
+    )
+    .await;
+    call(
+        "PUT",
+        format!("/v1/shows/{sh}/settings"),
+        Some(json!({"maxPerHolder": 8})),
+    )
+    .await;
+    call("GET", format!("/v1/shows/{sh}/pools/floor"), None).await;
+    let mut tokens = Vec::new();
+    for seat in ["D1", "D2"] {
+        let made = call(
+            "POST",
+            format!("/v1/shows/{sh}/holds"),
+            Some(json!({"seats": [seat], "pools": {"floor": 2}, "holder": "alice"})),
+        )
+        .await;
+        tokens.push(made["holdToken"].as_str().expect("token").to_owned());
+    }
+    call(
+        "PATCH",
+        format!("/v1/shows/{sh}/holds/{}", tokens[0]),
+        Some(json!({"add": ["D3"], "pools": {"floor": 3}})),
+    )
+    .await;
+    call(
+        "POST",
+        format!("/v1/shows/{sh}/holds/{}/extend", tokens[0]),
+        Some(json!({"ttlMs": 60000})),
+    )
+    .await;
+    call(
+        "POST",
+        format!("/v1/shows/{sh}/holds/{}/confirm", tokens[0]),
+        None,
+    )
+    .await;
+    call(
+        "DELETE",
+        format!("/v1/shows/{sh}/holds/{}", tokens[1]),
+        None,
+    )
+    .await;
+    let pool = call("GET", format!("/v1/shows/{sh}/pools/floor"), None).await;
+    assert_eq!(
+        (&pool["held"], &pool["sold"]),
+        (&json!(0), &json!(3)),
+        "{pool}"
+    );
 
     // The scripts ran as that user: on every master, each connection whose
     // last command was one of the daemon's is authenticated as `seathold`,
@@ -394,4 +461,163 @@ async fn a_reader_that_missed_trimmed_events_starts_over() {
         .await
         .expect("the event stream ended after the gap")
         .expect("reader task");
+}
+
+/// The `+command` rules of user `seathold` in `cluster/acl.conf`, lower
+/// case (`xinfo|stream`, `cluster|slots`, …).
+fn granted() -> std::collections::BTreeSet<String> {
+    seathold_rules()
+        .iter()
+        .filter_map(|r| r.strip_prefix('+'))
+        .map(str::to_lowercase)
+        .collect()
+}
+
+/// Every command the Lua scripts call (ACLs apply inside scripts too) and
+/// every one the daemon sends itself is granted to user `seathold`. The
+/// file once lacked the hash, counter and pruning commands of pools and
+/// holder limits (`HGET`, `HINCRBY`, `INCRBY`, `ZREMRANGEBYSCORE`, …) and
+/// `ASKING`: every pool, settings and holder request, and every request
+/// to a slot being moved, failed with NOPERM.
+#[test]
+fn the_acl_grants_every_command_seathold_sends() {
+    let mut needed = std::collections::BTreeSet::new();
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/lua");
+    for entry in std::fs::read_dir(dir).expect("lua/") {
+        let path = entry.expect("entry").path();
+        let text = std::fs::read_to_string(&path).expect("script");
+        for call in text.split("redis.call('").skip(1) {
+            let command = call.split('\'').next().unwrap_or_default().to_lowercase();
+            // XINFO is called as XINFO STREAM.
+            needed.insert(if command == "xinfo" {
+                "xinfo|stream".to_owned()
+            } else {
+                command
+            });
+        }
+    }
+    assert!(needed.len() > 20, "the scripts' commands: {needed:?}");
+    // Sent by the daemon itself: scripts, event readers, the sweeper's
+    // scans and leases, confirm's WAIT, ASK redirects, connections and the
+    // slot map, expiry notifications.
+    needed.extend(
+        [
+            "evalsha",
+            "eval",
+            "script|load",
+            "asking",
+            "xread",
+            "xrevrange",
+            "zrange",
+            "scan",
+            "set",
+            "time",
+            "wait",
+            "ping",
+            "info",
+            "cluster|slots",
+            "cluster|info",
+            "auth",
+            "subscribe",
+            "unsubscribe",
+            "config|get",
+        ]
+        .map(str::to_owned),
+    );
+    let granted = granted();
+    let missing: Vec<_> = needed.difference(&granted).collect();
+    assert!(
+        missing.is_empty(),
+        "cluster/acl.conf does not grant user seathold {missing:?}"
+    );
+}
+
+/// A redis-server started with `cluster/acl.conf` as its `aclfile` starts:
+/// Redis refuses to load an ACL file with anything but `user` lines (the
+/// file once began with comments, and every node pointed at it aborted at
+/// start). Its users ship disabled, so the server answers NOAUTH.
+#[test]
+fn redis_server_starts_with_the_acl_file() {
+    let redis = common::required(
+        "redis-server",
+        "install it: apt-get update && apt-get install -y redis-server",
+    );
+    let dir = std::env::temp_dir().join(format!("seathold-acl-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let acl = dir.join("acl.conf");
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/cluster/acl.conf"),
+        &acl,
+    )
+    .expect("copy acl.conf");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut child = std::process::Command::new(redis)
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .arg("--aclfile")
+        .arg(&acl)
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(&dir)
+        .arg("--logfile")
+        .arg(dir.join("redis.log"))
+        .spawn()
+        .expect("start redis-server");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let answer = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            let log = std::fs::read_to_string(dir.join("redis.log")).unwrap_or_default();
+            panic!("redis-server exited ({status}) with cluster/acl.conf:\n{log}");
+        }
+        if let Ok(mut conn) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            use std::io::{Read, Write};
+            conn.set_read_timeout(Some(Duration::from_secs(2)))
+                .expect("timeout");
+            conn.write_all(b"PING\r\n").expect("PING");
+            let mut buf = [0u8; 256];
+            let n = conn.read(&mut buf).unwrap_or(0);
+            break String::from_utf8_lossy(&buf[..n]).into_owned();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "redis-server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(answer.starts_with("-NOAUTH"), "PING answered {answer:?}");
+}
+
+/// A command a script calls that the ACL does not grant is an operator's
+/// misconfiguration, not a bug: 503 `redis_unavailable`, counted as
+/// `kind="auth"`, with Redis's words in the log. It was answered 500
+/// `internal` ("a bug or foreign data"), counted as `protocol`.
+#[tokio::test]
+async fn a_script_refused_by_the_acl_is_503_and_counted_as_auth() {
+    let _shared = common::shared().await;
+    let rules: Vec<String> = seathold_rules()
+        .into_iter()
+        .chain(["-hincrby".to_owned(), "-hset".to_owned()])
+        .collect();
+    set_user("seathold-nohash", &rules).await;
+    let mut opts = options();
+    opts.redis_username = Some("seathold-nohash".into());
+    opts.redis_password = Some(PASSWORD.into());
+    let s = server_with(opts).await;
+    let auth = r#"seathold_redis_errors_total{kind="auth"}"#;
+    let before = common::series(&s.metrics().await, auth);
+    let (status, body) = s
+        .call(
+            "PUT",
+            &format!("/v1/shows/{}/pools/floor", show("nohash")),
+            Some(json!({"capacity": 10})),
+        )
+        .await;
+    common::assert_error(status, &body, 503, "redis_unavailable");
+    let after = common::series(&s.metrics().await, auth);
+    assert_eq!(after - before, 1.0, "{body}");
 }

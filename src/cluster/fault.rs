@@ -83,9 +83,16 @@ pub fn classify(err: &redis::RedisError) -> (RedisFault, Retry) {
     // The cluster client reports a failed initial connection as an I/O
     // error whose text names the authentication failure.
     let text = err.to_string();
-    if ["AuthenticationFailed", "WRONGPASS", "NOAUTH", "NOPERM"]
-        .iter()
-        .any(|c| text.contains(c))
+    // Inside a script, an ACL refusal is an `ERR` that says so.
+    if [
+        "AuthenticationFailed",
+        "WRONGPASS",
+        "NOAUTH",
+        "NOPERM",
+        "user executing the script can't",
+    ]
+    .iter()
+    .any(|c| text.contains(c))
     {
         return (RedisFault::Auth, Retry::No);
     }

@@ -39,8 +39,10 @@ fn tries(key: &str) -> Vec<Try> {
     };
     let stream = format!("{key}#events");
     let index = format!("{key}#deadlines");
+    let pool = format!("{key}#pool");
     let stream = stream.as_str();
     let index = index.as_str();
+    let pool = pool.as_str();
     vec![
         // The TTL makes the key go by itself should the DEL be refused.
         t("+set", &["SET", key, "0", "PX", "60000"]),
@@ -48,6 +50,7 @@ fn tries(key: &str) -> Vec<Try> {
         t("+mget", &["MGET", key]),
         t("+exists", &["EXISTS", key]),
         t("+incr", &["INCR", key]),
+        t("+incrby", &["INCRBY", key, "1"]),
         t("+pexpire", &["PEXPIRE", key, "60000"]),
         t("+pttl", &["PTTL", key]),
         t("+pexpiretime", &["PEXPIRETIME", key]),
@@ -65,8 +68,17 @@ fn tries(key: &str) -> Vec<Try> {
         t("+zrangebyscore", &["ZRANGEBYSCORE", index, "-inf", "+inf"]),
         t("+zrange", &["ZRANGE", index, "0", "0", "WITHSCORES"]),
         t("+zrem", &["ZREM", index, "doctor"]),
+        t(
+            "+zremrangebyscore",
+            &["ZREMRANGEBYSCORE", index, "-inf", "(0"],
+        ),
+        t("+hset", &["HSET", pool, "capacity", "0"]),
+        t("+hincrby", &["HINCRBY", pool, "held", "0"]),
+        t("+hget", &["HGET", pool, "capacity"]),
+        t("+hmget", &["HMGET", pool, "capacity", "held"]),
+        t("+asking", &["ASKING"]),
         t("+scan", &["SCAN", "0", "MATCH", "none", "COUNT", "1"]),
-        t("+del", &["DEL", stream, index]),
+        t("+del", &["DEL", stream, index, pool]),
         t("+script|load", &["SCRIPT", "LOAD", PROBE_SCRIPT]),
         t("+evalsha", &["EVALSHA", &sha, "1", key]),
         t("+eval", &["EVAL", PROBE_SCRIPT, "1", key]),
