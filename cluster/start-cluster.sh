@@ -144,15 +144,20 @@ listening() {
 }
 
 # Writes DIR/PORT/node.conf: the template, then what is specific to this
-# node. Later directives override earlier ones.
+# node. Later directives override earlier ones, except `dir`: Redis changes
+# into it while it reads the file, so the template's (a system path such as
+# /var/lib/redis, which may not exist or not be writable here) would stop
+# the node before this node's own. The template is therefore copied without
+# its `dir` lines rather than included; it is copied again at every start.
 write_node_conf() {
   local port="$1" node="$dir/$1"
   mkdir -p "$node"
   (
     umask 077
     {
-      echo "# Written by start-cluster.sh; edit $template instead."
-      echo "include $template"
+      echo "# Written by start-cluster.sh from $template (without its dir);"
+      echo "# edit that file instead and run start-cluster.sh again."
+      grep -Ev '^[[:space:]]*dir[[:space:]]' "$template"
       echo "bind $host"
       echo "port $port"
       echo "dir $node"

@@ -204,3 +204,91 @@ async fn every_metric_in_alerts_and_dashboard_is_exported() {
     );
     s.stop().await;
 }
+
+/// A port whose cluster bus port (+10000) is free too.
+fn free_node_port(taken: &[u16]) -> u16 {
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        if port < 55_000
+            && !taken.contains(&port)
+            && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+        {
+            return port;
+        }
+    }
+}
+
+/// `cluster/start-cluster.sh` brings a cluster up from a template whose
+/// `dir` cannot be used here. The shipped template names /var/lib/redis,
+/// which an ordinary user cannot write and a host without a Redis package
+/// lacks; Redis changes into `dir` while it reads its configuration, and
+/// the script included the template before the node's own `dir`, so every
+/// node stopped with "FATAL CONFIG FILE ERROR … dir /var/lib/redis".
+#[test]
+fn start_cluster_does_not_use_the_templates_dir() {
+    let why = "install it: apt-get update && apt-get install -y redis-server redis-tools";
+    common::required("redis-server", why);
+    common::required("redis-cli", why);
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let scratch = std::env::temp_dir().join(format!(
+        "seathold-start-cluster-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&scratch).expect("scratch dir");
+    let shipped = read_asset("cluster/redis.conf");
+    assert!(
+        shipped.contains("\ndir /var/lib/redis\n"),
+        "the template's dir"
+    );
+    let template = scratch.join("redis.conf");
+    std::fs::write(
+        &template,
+        shipped.replace(
+            "\ndir /var/lib/redis\n",
+            "\ndir /nonexistent/seathold-test\n",
+        ),
+    )
+    .expect("template");
+    let data = scratch.join("nodes");
+    let mut ports = Vec::new();
+    for _ in 0..3 {
+        ports.push(free_node_port(&ports));
+    }
+    let out = std::process::Command::new("bash")
+        .arg(root.join("cluster/start-cluster.sh"))
+        .arg("-c")
+        .arg(&template)
+        .args(["-r", "0", "-t", "30"])
+        .arg(&data)
+        .args(ports.iter().map(u16::to_string))
+        .output()
+        .expect("run start-cluster.sh");
+    let stopped = std::process::Command::new("bash")
+        .arg(root.join("cluster/stop-cluster.sh"))
+        .arg("-x")
+        .arg(&data)
+        .output()
+        .expect("run stop-cluster.sh");
+    let log = std::fs::read_to_string(data.join(ports[0].to_string()).join("redis.log"))
+        .unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&scratch);
+    assert!(
+        out.status.success(),
+        "start-cluster.sh failed:\n{}{}\n{log}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("cluster ready"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stopped.status.success(),
+        "stop-cluster.sh: {}",
+        String::from_utf8_lossy(&stopped.stderr)
+    );
+}
