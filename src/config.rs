@@ -309,6 +309,55 @@ impl Default for Options {
 pub struct ConfigError(pub String);
 
 impl Options {
+    /// Fits the defaults of bounds that must agree to the ones set: a flag
+    /// set alone (say `--max-hold-lifetime-ms 3000`, or `--redis-timeout-ms
+    /// 500`) lowers the defaults it would contradict (`--max-ttl-ms` and
+    /// `--default-ttl-ms`; `--confirm-wait-timeout-ms`) instead of stopping
+    /// start-up; values set against each other still stop it
+    /// ([`Options::validate`]). Each change is logged.
+    pub fn settle(&mut self) {
+        let defaults = Options::default();
+        let lower = |flag: &str, value: &mut u64, default: u64, to: u64, because: &str| {
+            if *value == default && *value > to {
+                tracing::info!(
+                    "{flag} lowered from its default {default} to {to}, to agree with {because}"
+                );
+                *value = to;
+            }
+        };
+        let lifetime = self.max_hold_lifetime_ms;
+        lower(
+            "--max-ttl-ms",
+            &mut self.max_ttl_ms,
+            defaults.max_ttl_ms,
+            lifetime,
+            "--max-hold-lifetime-ms",
+        );
+        let max_ttl = self.max_ttl_ms;
+        lower(
+            "--default-ttl-ms",
+            &mut self.default_ttl_ms,
+            defaults.default_ttl_ms,
+            max_ttl,
+            "--max-ttl-ms",
+        );
+        let half = (self.redis_timeout_ms / 2).max(1);
+        if self.confirm_wait_timeout_ms >= self.redis_timeout_ms {
+            lower(
+                "--confirm-wait-timeout-ms",
+                &mut self.confirm_wait_timeout_ms,
+                defaults.confirm_wait_timeout_ms,
+                half,
+                "--redis-timeout-ms (half of it)",
+            );
+        }
+        if self.api_token.as_deref().is_some_and(|t| t.len() < 16) {
+            tracing::warn!(
+                "--api-token is shorter than 16 characters: a token that can be guessed guards nothing"
+            );
+        }
+    }
+
     /// Checks what clap cannot: bounds that must agree with each other.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let fail = |m: String| Err(ConfigError(m));
@@ -359,14 +408,16 @@ impl Options {
         if self.sse_heartbeat_ms < 100 {
             return fail("--sse-heartbeat-ms must be at least 100".into());
         }
-        if self.events_max_len < 100 {
-            return fail("--events-max-len must be at least 100".into());
+        if self.events_max_len == 0 {
+            return fail(
+                "--events-max-len must be at least 1 (--events off turns streams off)".into(),
+            );
         }
-        if self.idempotency_ttl_ms < 1_000 {
-            return fail("--idempotency-ttl-ms must be at least 1000".into());
+        if self.idempotency_ttl_ms == 0 {
+            return fail("--idempotency-ttl-ms must be positive".into());
         }
-        if self.api_token.as_deref().is_some_and(|t| t.len() < 16) {
-            return fail("--api-token must be at least 16 characters".into());
+        if self.api_token.as_deref().is_some_and(str::is_empty) {
+            return fail("--api-token must not be empty".into());
         }
         if self.max_body_bytes < 256 {
             return fail("--max-body-bytes must be at least 256".into());

@@ -32,8 +32,9 @@ fn config_error(err: StartError) -> ExitCode {
     ExitCode::from(2)
 }
 
-async fn serve(opts: Options) -> Result<(), StartError> {
+async fn serve(mut opts: Options) -> Result<(), StartError> {
     seathold::logging::init(opts.log_format, &opts.log)?;
+    opts.settle();
     opts.validate()?;
     let listener = server::bind(&opts).await?;
     server::run(opts, listener, server::shutdown_signal()).await

@@ -139,6 +139,8 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StartError> {
+    let mut opts = opts;
+    opts.settle();
     let app = app(&opts)?;
     let tasks = background(&app, &opts);
     if let Ok(addr) = listener.local_addr() {
@@ -383,6 +385,7 @@ fn page_base(listener: &TcpListener, opts: &Options) -> String {
 /// `seathold dev`: a local cluster, the API on it, and a clean stop.
 pub async fn dev(dev: DevOptions, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
     let mut opts = dev.options;
+    opts.settle();
     opts.validate()?;
     opts.refuse_for_dev()?;
     let listener = bind(&opts).await?;

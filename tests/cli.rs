@@ -360,3 +360,71 @@ fn json_logs_carry_lists_as_arrays_and_a_debug_line_per_request() {
     let probe = log.find("for a probe", |v| v["fields"]["route"] == "/readyz");
     assert!(probe["fields"].get("show").is_none(), "{probe}");
 }
+
+/// A bound set alone lowers the defaults it would contradict instead of
+/// stopping start-up: `--max-hold-lifetime-ms 3000` lowers `--max-ttl-ms`
+/// (and with it `--default-ttl-ms`), `--redis-timeout-ms 500` lowers
+/// `--confirm-wait-timeout-ms`; small `--events-max-len` and
+/// `--idempotency-ttl-ms` and a short `--api-token` (warned about) are
+/// accepted. Each of these stopped start-up with exit code 2, so a
+/// deployment or test suite that set one of the contract's flags alone
+/// could not start the daemon.
+#[test]
+fn a_bound_set_alone_lowers_the_defaults_it_contradicts() {
+    let seeds = common::cluster().seed_urls().join(",");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_seathold"))
+        .args(["--redis-nodes", &seeds, "--listen", "127.0.0.1:0"])
+        .args(["--log-format", "json"])
+        .args(["--max-hold-lifetime-ms", "3000"])
+        .args(["--redis-timeout-ms", "500"])
+        .args(["--events-max-len", "10"])
+        .args(["--idempotency-ttl-ms", "500"])
+        .args(["--api-token", "secret"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run seathold");
+    let mut log = JsonLog {
+        lines: stderr_lines(&mut child),
+        seen: Vec::new(),
+    };
+    let serving = log.find("serving HTTP", |v| v["fields"]["message"] == "serving HTTP");
+    let addr = serving["fields"]["addr"].as_str().expect("addr").to_owned();
+    for flag in [
+        "--max-ttl-ms",
+        "--default-ttl-ms",
+        "--confirm-wait-timeout-ms",
+    ] {
+        log.find(flag, |v| {
+            v["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(&format!("{flag} lowered")))
+        });
+    }
+    log.find("the short token's warning", |v| {
+        v["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("--api-token is shorter"))
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(&addr, "/readyz").0 != 200 {
+        assert!(Instant::now() < deadline, "never ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A hold without ttlMs lives at most the lifetime.
+    let show = common::show("settle");
+    let mut conn = TcpStream::connect(&addr).expect("connect");
+    write!(
+        conn,
+        "POST /v1/shows/{show}/seats/A1/hold HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut answer = String::new();
+    let _ = conn.read_to_string(&mut answer);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    let body: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap_or_default())
+        .expect("a JSON hold");
+    let left = body["expiresInMs"].as_i64().expect("expiresInMs");
+    assert!((1..=3000).contains(&left), "{body}");
+}
