@@ -37,10 +37,21 @@ const IDLE_PER_MASTER: usize = 16;
 /// it gives up; `TRYAGAIN` and the like are retried until the deadline.
 const MAX_REDIRECTS: u32 = 5;
 
+/// Time a `WAIT` leaves of the request's deadline for its answer to come
+/// back: a `WAIT` cut off by the deadline answered a sale that happened
+/// with 503 `redis_unavailable` instead of `not_replicated`. Redis ends a
+/// blocked command's timeout on its cron, every 1000/`hz` ms (100 ms at
+/// cluster/redis.conf's `hz 10`), so a `WAIT` may outlast its timeout by
+/// that much.
+const WAIT_MARGIN: Duration = Duration::from_millis(150);
+
 /// A dedicated connection, counted against its master's limit while alive.
 struct Dedicated {
     conn: MultiplexedConnection,
     _permit: OwnedSemaphorePermit,
+    /// Taken idle from the pool: the server may have closed it meanwhile
+    /// (its `timeout`, a restart, `CLIENT KILL`).
+    reused: bool,
 }
 
 /// What the pool hands out: an idle connection, or leave to open one.
@@ -69,7 +80,8 @@ impl Pool {
                 limit: Arc::new(Semaphore::new(PER_MASTER)),
                 idle: Vec::new(),
             });
-            if let Some(idle) = master.idle.pop() {
+            if let Some(mut idle) = master.idle.pop() {
+                idle.reused = true;
                 return Ok(Idle::Conn(idle));
             }
             Arc::clone(&master.limit)
@@ -143,6 +155,7 @@ impl Cluster {
             .run(script.name(), async {
                 let mut target = Target::Master;
                 let (mut redirects, mut waits) = (0, 0);
+                let mut fresh_retry = true;
                 loop {
                     let (addr, asking) = match &target {
                         Target::Master => (self.master_of_slot(slot)?, false),
@@ -157,7 +170,9 @@ impl Cluster {
                     };
                     let err = match run {
                         Ok(reply) => {
-                            let replicas = self.wait(&mut conn.conn, wait_for(&reply)).await?;
+                            let replicas = self
+                                .wait(&mut conn.conn, wait_for(&reply), deadline)
+                                .await?;
                             self.confirm_pool.give_back(&addr, conn);
                             return Ok((reply, replicas));
                         }
@@ -196,6 +211,15 @@ impl Cluster {
                             tokio::time::sleep(later_pause(waits)).await;
                             target
                         }
+                        (Retry::Reconnect, _) if conn.reused && fresh_retry => {
+                            // An idle connection the server had closed: once
+                            // more on a new one. Safe even if the script ran:
+                            // confirm.lua answers a repeat as its first run,
+                            // and rewrites the sale so the WAIT counts it.
+                            fresh_retry = false;
+                            self.confirm_pool.forget(&addr);
+                            target
+                        }
                         (Retry::Reconnect | Retry::No, _) => {
                             self.confirm_pool.forget(&addr);
                             self.mark_stale();
@@ -207,18 +231,29 @@ impl Cluster {
             .await
     }
 
-    /// `WAIT` for `wait`'s replicas on `conn`; 0 without a wait.
+    /// `WAIT` for `wait`'s replicas on `conn`; 0 without a wait. It waits
+    /// at most what the request's deadline leaves (less [`WAIT_MARGIN`]),
+    /// so that a sale whose replicas are slow is answered as such.
     async fn wait(
         &self,
         conn: &mut MultiplexedConnection,
         wait: Option<Wait>,
+        deadline: &Deadline,
     ) -> Result<i64, Error> {
         match wait {
-            Some(wait) if wait.replicas > 0 => Ok(redis::cmd("WAIT")
-                .arg(wait.replicas)
-                .arg(wait.timeout_ms)
-                .query_async(conn)
-                .await?),
+            Some(wait) if wait.replicas > 0 => {
+                let left = deadline.remaining().saturating_sub(WAIT_MARGIN);
+                // WAIT 0 would block until the replicas answer: 1 ms at least.
+                let timeout_ms = wait
+                    .timeout_ms
+                    .min(u64::try_from(left.as_millis()).unwrap_or(u64::MAX))
+                    .max(1);
+                Ok(redis::cmd("WAIT")
+                    .arg(wait.replicas)
+                    .arg(timeout_ms)
+                    .query_async(conn)
+                    .await?)
+            }
             _ => Ok(0),
         }
     }
@@ -255,6 +290,7 @@ impl Cluster {
         Ok(Dedicated {
             conn,
             _permit: permit,
+            reused: false,
         })
     }
 }

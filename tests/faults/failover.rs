@@ -373,3 +373,98 @@ async fn a_confirm_no_replica_acknowledged_is_503_and_its_retry_is_durable() {
     .await;
     common::heal(&[], &[master]).await;
 }
+
+/// A confirm that reaches its `WAIT` late in its deadline (its master
+/// paused writes for 300 ms first; `--redis-timeout-ms 600` and a 500 ms
+/// `WAIT`) while its replica does not answer is 503 `not_replicated`, the
+/// sale made and counted: the `WAIT` waits only what the deadline leaves.
+/// The deadline cut the `WAIT` off, and the client got
+/// `redis_unavailable`, as if nothing had been sold.
+#[tokio::test]
+async fn a_confirm_late_in_its_deadline_is_not_replicated_not_unavailable() {
+    let _serial = common::exclusive().await;
+    let mut opts = common::options();
+    opts.redis_timeout_ms = 600;
+    opts.confirm_wait_timeout_ms = 500;
+    let s = common::server_with(opts).await;
+    let sh = show("late-wait");
+    let (_, master) = slot_and_master(&sh).await;
+    let replica = common::replica_of(master).await;
+    let hold = s.hold(&sh, &["W1"]).await;
+    let token = hold["holdToken"].as_str().expect("token").to_owned();
+    let before = common::series(&s.metrics().await, "seathold_confirms_not_replicated_total");
+
+    cluster().pause(replica).expect("SIGSTOP the replica");
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(300)
+        .arg("WRITE")
+        .query_async(&mut common::node(master).await)
+        .await
+        .expect("CLIENT PAUSE");
+    let asked = Instant::now();
+    let (status, body) = s
+        .call(
+            "POST",
+            &format!("/v1/shows/{sh}/holds/{token}/confirm"),
+            None,
+        )
+        .await;
+    eprintln!(
+        "confirm answered after {:?}: {status} {body}",
+        asked.elapsed()
+    );
+    cluster().resume(replica).expect("SIGCONT the replica");
+    common::assert_error(status, &body, 503, "not_replicated");
+    let sold: Option<String> = redis::cmd("GET")
+        .arg(format!("seat-hold:{{show:{sh}}}:W1"))
+        .query_async(&mut common::node(master).await)
+        .await
+        .expect("GET");
+    assert_eq!(sold, Some(format!("sold:{token}")), "sold");
+    let after = common::series(&s.metrics().await, "seathold_confirms_not_replicated_total");
+    assert_eq!(after - before, 1.0, "counted as not replicated");
+}
+
+/// A confirm on an idle pooled connection that the server closed meanwhile
+/// (here its `timeout`; also a restart or `CLIENT KILL`) goes through on a
+/// new connection. It was answered 503 `redis_unavailable`, at the step
+/// where the money is.
+#[tokio::test]
+async fn a_confirm_on_a_connection_the_server_closed_goes_through() {
+    let _serial = common::exclusive().await;
+    let s = server().await;
+    let sh = show("closed-idle");
+    let (_, master) = slot_and_master(&sh).await;
+    let confirm = |token: String| {
+        let (s, sh) = (&s, &sh);
+        async move {
+            s.call(
+                "POST",
+                &format!("/v1/shows/{sh}/holds/{token}/confirm"),
+                None,
+            )
+            .await
+        }
+    };
+    let first = s.hold(&sh, &["K1"]).await;
+    let (status, body) = confirm(first["holdToken"].as_str().expect("token").to_owned()).await;
+    assert_eq!(status, 200, "{body}");
+
+    let set_timeout = |secs: u32| async move {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("timeout")
+            .arg(secs)
+            .query_async(&mut common::node(master).await)
+            .await
+            .expect("CONFIG SET timeout");
+    };
+    set_timeout(1).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    set_timeout(0).await;
+
+    let second = s.hold(&sh, &["K2"]).await;
+    let (status, body) = confirm(second["holdToken"].as_str().expect("token").to_owned()).await;
+    assert_eq!(status, 200, "{body}");
+}
