@@ -613,6 +613,59 @@ async fn hold_whose_client_gave_up_leaves_no_seat_held() {
     assert_eq!(get_opt(&keys().seat(&sh, "A1")).await, None);
 }
 
+/// A client that hangs up while its hold waits on the master does not cost
+/// the daemon its direct connection to that master: only a script the
+/// request's deadline cancelled says the connection is slow. Every hang-up
+/// dropped it, so under overload, when clients give up first, the masters'
+/// traffic kept moving to the slower cluster connection while new direct
+/// connections were opened.
+#[tokio::test]
+async fn a_client_hanging_up_keeps_the_direct_connection() {
+    let _x = EXCLUSIVE.write().await;
+    let s = server_with(options()).await;
+    let sh = show("hang-up");
+    s.hold(&sh, &["warm"]).await;
+    let master = master_of(&sh).await;
+    let mut admin = common::node(master).await;
+    let ids = |list: String| -> std::collections::BTreeSet<String> {
+        list.lines()
+            .filter_map(|l| l.split(' ').find_map(|kv| kv.strip_prefix("id=")))
+            .map(str::to_owned)
+            .collect()
+    };
+    let list = || redis::cmd("CLIENT").arg("LIST").clone();
+    let before = ids(list().query_async(&mut admin).await.expect("CLIENT LIST"));
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(400)
+        .arg("WRITE")
+        .query_async(&mut admin)
+        .await
+        .expect("CLIENT PAUSE");
+    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+    conn.write_all(
+        format!(
+            "POST /v1/shows/{sh}/seats/A1/hold HTTP/1.1\r\nHost: seathold\r\n\
+             Content-Length: 0\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("send the hold");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(conn);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let after = ids(list().query_async(&mut admin).await.expect("CLIENT LIST"));
+    let gone: Vec<_> = before.difference(&after).collect();
+    assert!(gone.is_empty(), "connections closed: {gone:?}");
+    // The hold the client never learned of was released.
+    common::eventually(Duration::from_secs(5), "the seat to be free", || {
+        let (s, sh) = (&s, &sh);
+        async move { seat_state(s, sh, "A1").await["state"] == "free" }
+    })
+    .await;
+}
+
 /// Runs hold.lua for one seat of `show` as the daemon does, without a key.
 async fn run_hold_script(show: &str, seat: &str, token: &str, ttl_ms: u64) -> Vec<i64> {
     let ks = keys();

@@ -51,6 +51,11 @@ pub(super) struct Batched {
 }
 
 impl Batched {
+    /// Whether `other` is a handle on this very connection.
+    pub(super) fn same(&self, other: &Batched) -> bool {
+        self.queue.same_channel(&other.queue)
+    }
+
     /// `limit`: the longest any request waits for its answer (the Redis
     /// timeout); a batch waits no longer, so a master that stopped
     /// answering does not keep its batches (and their commands) alive.

@@ -23,20 +23,33 @@ pub(super) fn publish(direct: &HashMap<Arc<str>, Batched>) {
 }
 
 /// A script in flight on the direct path to one master. Dropped while still
-/// armed (the request's deadline cancelled the script), it drops that
-/// master's direct connection and has the slot map refreshed: a connection
-/// that does not answer must not slow every later request for its master.
+/// armed once the request's deadline has passed (the deadline cancelled the
+/// script), it drops that very connection and has the slot map refreshed: a
+/// connection that does not answer must not slow every later request for
+/// its master. Dropped before the deadline, the request went away (its
+/// client hung up): the connection stays, as nothing says it is slow; under
+/// overload, clients that give up once dropped healthy connections one
+/// after another.
 pub(super) struct InFlight<'a> {
     cluster: &'a Cluster,
     addr: &'a str,
+    conn: Batched,
+    deadline: &'a Deadline,
     armed: bool,
 }
 
 impl<'a> InFlight<'a> {
-    pub(super) fn new(cluster: &'a Cluster, addr: &'a str) -> Self {
+    pub(super) fn new(
+        cluster: &'a Cluster,
+        addr: &'a str,
+        conn: &Batched,
+        deadline: &'a Deadline,
+    ) -> Self {
         Self {
             cluster,
             addr,
+            conn: conn.clone(),
+            deadline,
             armed: true,
         }
     }
@@ -49,20 +62,23 @@ impl<'a> InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        if self.armed {
+        if self.armed && self.deadline.remaining().is_zero() {
             tracing::warn!(addr = self.addr, "direct connection timed out; dropping it");
-            self.cluster.drop_direct(self.addr);
+            self.cluster.drop_direct(self.addr, &self.conn);
         }
     }
 }
 
 impl Cluster {
-    /// Drops the direct connection to `addr` (the next `maintain` round
-    /// opens a new one) and has the slot map refreshed soon.
-    fn drop_direct(&self, addr: &str) {
+    /// Drops `conn`, the direct connection to `addr` (the next `maintain`
+    /// round opens a new one), unless a new one has replaced it already,
+    /// and has the slot map refreshed soon.
+    fn drop_direct(&self, addr: &str, conn: &Batched) {
         let mut routing = self.routing_mut();
-        routing.direct.remove(addr);
-        publish(&routing.direct);
+        if routing.direct.get(addr).is_some_and(|c| c.same(conn)) {
+            routing.direct.remove(addr);
+            publish(&routing.direct);
+        }
         drop(routing);
         self.mark_stale();
     }
@@ -78,14 +94,14 @@ impl Cluster {
         Some((Arc::clone(addr), conn.clone()))
     }
 
-    /// After the direct path to `addr` failed with `err`: a broken
-    /// connection is dropped (the next `maintain` round opens a new one), and
-    /// either way the slot map is refreshed soon.
-    pub(super) fn direct_failed(&self, addr: &str, err: &redis::RedisError) {
+    /// After the direct path to `addr` failed on `conn` with `err`: a
+    /// broken connection is dropped (the next `maintain` round opens a new
+    /// one), and either way the slot map is refreshed soon.
+    pub(super) fn direct_failed(&self, addr: &str, conn: &Batched, err: &redis::RedisError) {
         if matches!(err.kind(), redis::ErrorKind::Server(_)) {
             self.mark_stale();
         } else {
-            self.drop_direct(addr);
+            self.drop_direct(addr, conn);
         }
     }
 

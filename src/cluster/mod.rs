@@ -235,7 +235,7 @@ impl Cluster {
                     // Armed while the script is in flight: should the
                     // deadline cancel it, that connection may be black-holed,
                     // so it is dropped and the slot map refreshed.
-                    let mut in_flight = direct::InFlight::new(self, &addr);
+                    let mut in_flight = direct::InFlight::new(self, &addr, &conn, deadline);
                     let result = script.run(&mut conn, keys, &args).await;
                     in_flight.disarm();
                     match result {
@@ -244,7 +244,7 @@ impl Cluster {
                         Err(err) => {
                             tracing::debug!(%addr, error = %err, "direct path failed; using the cluster connection");
                             metrics::counter!(m::DIRECT_FALLBACKS).increment(1);
-                            self.direct_failed(&addr, &err);
+                            self.direct_failed(&addr, &conn, &err);
                         }
                     }
                 }
