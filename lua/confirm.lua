@@ -85,7 +85,13 @@ if sale then
     end
   end
   redis.call('SET', KEYS[2], sale)
-  return {2, tonumber(string.match(sale, '^(%d+) ')) or 0}
+  local fence = string.match(sale, '^(%d+) ') or '0'
+  -- A retry after a failure (whose record the daemon removed) records its
+  -- own answer.
+  if idem then
+    redis.call('SET', idem, ARGV[2] .. ' 200 ' .. fence, 'PX', ARGV[3])
+  end
+  return {2, tonumber(fence)}
 end
 
 return {0}

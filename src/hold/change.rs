@@ -212,7 +212,7 @@ impl Service {
             replicas: self.limits.confirm_wait_replicas,
             timeout_ms: self.limits.confirm_wait_timeout_ms,
         };
-        let (reply, replicas): (Vec<i64>, i64) = self
+        let answered = self
             .cluster
             .eval_and_wait(
                 deadline,
@@ -227,7 +227,19 @@ impl Service {
                 // Nothing was sold when the hold is gone: no WAIT.
                 |reply: &Vec<i64>| (reply.first() != Some(&0)).then_some(wait),
             )
-            .await?;
+            .await;
+        // A failure is not recorded (API 1.1): the script may have recorded
+        // this key's 200 before the WAIT fell short or the deadline passed.
+        let recording = idem.filter(|_| !replayed);
+        let (reply, replicas): (Vec<i64>, i64) = match answered {
+            Ok(answered) => answered,
+            Err(err) => {
+                if let Some(idem) = recording {
+                    self.forget_idempotency(show, idem).await;
+                }
+                return Err(err);
+            }
+        };
         let (first, fence) = match reply.as_slice() {
             [0] => return Err(Error::HoldNotFound),
             [state @ (1 | 2), fence] => (*state == 1, *fence),
@@ -252,6 +264,9 @@ impl Service {
         if replicas < i64::from(wait.replicas) {
             count(m::CONFIRMS_NOT_REPLICATED, 1);
             tracing::warn!(%show, replicas, wanted = wait.replicas, "confirm not replicated in time");
+            if let Some(idem) = recording {
+                self.forget_idempotency(show, idem).await;
+            }
             return Err(Error::NotReplicated(Box::new(confirmation)));
         }
         Ok(if replayed {
@@ -259,6 +274,25 @@ impl Service {
         } else {
             Answer::fresh(confirmation)
         })
+    }
+}
+
+impl Service {
+    /// Removes what a confirm recorded under `idem` when it is answered
+    /// with a failure, so that the retry runs again as a fresh request
+    /// (and records its own answer). Best effort: when Redis cannot be
+    /// reached the record stays, and the retry, which confirms and waits
+    /// again anyway, is marked replayed.
+    async fn forget_idempotency(&self, show: &ShowId, idem: &Idem) {
+        let key = self.keys.idempotency(show, idem.key.as_str());
+        let forget = async {
+            let mut conn = self.cluster.conn()?;
+            let () = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
+            Ok(())
+        };
+        if let Err(err) = self.cluster.deadline().within(forget).await {
+            tracing::warn!(%show, error = %err, "could not remove the idempotency record of a failed confirm");
+        }
     }
 }
 

@@ -577,3 +577,55 @@ async fn a_dead_first_master_does_not_make_the_probe_rebuild_connections() {
     drop(s);
     common::heal(&[], &[first]).await;
 }
+
+/// A confirm with an `Idempotency-Key` answered 503 `not_replicated` leaves
+/// no record under its key (API 1.1: failures are not recorded), so the
+/// retry with that key is a fresh request: 200 without
+/// `Idempotent-Replayed`, recorded this time, and the next repeat is its
+/// replay. The script had recorded the 200 before its `WAIT` fell short,
+/// and the retry was marked replayed.
+#[tokio::test]
+async fn a_confirm_answered_not_replicated_leaves_no_record_under_its_key() {
+    let _serial = common::exclusive().await;
+    let mut opts = common::options();
+    opts.confirm_wait_timeout_ms = 300;
+    let s = common::server_with(opts).await;
+    let sh = show("unreplicated-key");
+    let (_, master) = slot_and_master(&sh).await;
+    let replica = common::replica_of(master).await;
+    let hold = s.hold(&sh, &["V1"]).await;
+    let token = hold["holdToken"].as_str().expect("token").to_owned();
+    let confirm = format!("/v1/shows/{sh}/holds/{token}/confirm");
+    let key = format!("confirm-{}", uuid::Uuid::new_v4().simple());
+    let send = || async {
+        let resp = common::request_at(&s.http, &s.base, "POST", &confirm, None, Some(&key)).await;
+        let replayed = resp.headers().contains_key("idempotent-replayed");
+        let status = resp.status().as_u16();
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        (status, replayed, body)
+    };
+
+    cluster().pause(replica).expect("SIGSTOP the replica");
+    let (status, _, body) = send().await;
+    cluster().resume(replica).expect("SIGCONT the replica");
+    common::assert_error(status, &body, 503, "not_replicated");
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (status, replayed, body) = loop {
+        let answer = send().await;
+        if answer.0 == 200 {
+            break answer;
+        }
+        common::assert_error(answer.0, &answer.2, 503, "not_replicated");
+        assert!(Instant::now() < deadline, "the retry never answered 200");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        (status, replayed),
+        (200, false),
+        "the retry is fresh: {body}"
+    );
+    assert_eq!(body["fence"], hold["fence"], "{body}");
+    let (status, replayed, body) = send().await;
+    assert_eq!((status, replayed), (200, true), "then recorded: {body}");
+}
