@@ -309,12 +309,14 @@ fn get(addr: &str, path: &str) -> (u16, String) {
     (status, local)
 }
 
-#[test]
-fn json_logs_carry_lists_as_arrays_and_a_debug_line_per_request() {
+/// `seathold` against the test cluster with JSON logs and `args`, once it
+/// serves: the process, its log and its HTTP address.
+fn serve_with_json_logs(args: &[&str]) -> (std::process::Child, JsonLog, String) {
     let seeds = common::cluster().seed_urls().join(",");
     let mut child = Command::new(env!("CARGO_BIN_EXE_seathold"))
         .args(["--redis-nodes", &seeds, "--listen", "127.0.0.1:0"])
-        .args(["--log-format", "json", "--log", "info,seathold=debug"])
+        .args(["--log-format", "json"])
+        .args(args)
         .stderr(Stdio::piped())
         .spawn()
         .expect("run seathold");
@@ -324,6 +326,12 @@ fn json_logs_carry_lists_as_arrays_and_a_debug_line_per_request() {
     };
     let serving = log.find("serving HTTP", |v| v["fields"]["message"] == "serving HTTP");
     let addr = serving["fields"]["addr"].as_str().expect("addr").to_owned();
+    (child, log, addr)
+}
+
+#[test]
+fn json_logs_carry_lists_as_arrays_and_a_debug_line_per_request() {
+    let (mut child, mut log, addr) = serve_with_json_logs(&["--log", "info,seathold=debug"]);
 
     let topology = log.find("about the topology", |v| {
         v["fields"]["message"] == "Redis Cluster topology changed"
@@ -371,24 +379,18 @@ fn json_logs_carry_lists_as_arrays_and_a_debug_line_per_request() {
 /// could not start the daemon.
 #[test]
 fn a_bound_set_alone_lowers_the_defaults_it_contradicts() {
-    let seeds = common::cluster().seed_urls().join(",");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_seathold"))
-        .args(["--redis-nodes", &seeds, "--listen", "127.0.0.1:0"])
-        .args(["--log-format", "json"])
-        .args(["--max-hold-lifetime-ms", "3000"])
-        .args(["--redis-timeout-ms", "500"])
-        .args(["--events-max-len", "10"])
-        .args(["--idempotency-ttl-ms", "500"])
-        .args(["--api-token", "secret"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run seathold");
-    let mut log = JsonLog {
-        lines: stderr_lines(&mut child),
-        seen: Vec::new(),
-    };
-    let serving = log.find("serving HTTP", |v| v["fields"]["message"] == "serving HTTP");
-    let addr = serving["fields"]["addr"].as_str().expect("addr").to_owned();
+    let (mut child, mut log, addr) = serve_with_json_logs(&[
+        "--max-hold-lifetime-ms",
+        "3000",
+        "--redis-timeout-ms",
+        "500",
+        "--events-max-len",
+        "10",
+        "--idempotency-ttl-ms",
+        "500",
+        "--api-token",
+        "secret",
+    ]);
     for flag in [
         "--max-ttl-ms",
         "--default-ttl-ms",

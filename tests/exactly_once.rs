@@ -166,14 +166,7 @@ async fn seat_state(s: &TestServer, show: &str, seat: &str) -> Value {
 
 /// `CLIENT PAUSE ms WRITE` on a node.
 async fn pause_writes(port: u16, ms: u64) {
-    let mut c = common::node(port).await;
-    let () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(ms)
-        .arg("WRITE")
-        .query_async(&mut c)
-        .await
-        .expect("CLIENT PAUSE");
+    common::pause_clients(port, ms, "WRITE").await;
 }
 
 /// A TCP proxy for one upstream. While `lose` is set, the next reply that
@@ -583,16 +576,7 @@ async fn hold_whose_client_gave_up_leaves_no_seat_held() {
     let orphans = s.metric("seathold_orphan_releases_total").await;
     let thaw = Thaw(master);
     let frozen = Instant::now();
-    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
-    conn.write_all(
-        format!(
-            "POST /v1/shows/{sh}/seats/A1/hold HTTP/1.1\r\nHost: seathold\r\n\
-             Content-Length: 0\r\n\r\n"
-        )
-        .as_bytes(),
-    )
-    .await
-    .expect("send the hold");
+    let conn = send_raw_hold(&s, &sh, "A1").await;
     // The client's own timeout, before the daemon's.
     tokio::time::sleep(Duration::from_millis(200)).await;
     drop(conn);
@@ -635,23 +619,8 @@ async fn a_client_hanging_up_keeps_the_direct_connection() {
     };
     let list = || redis::cmd("CLIENT").arg("LIST").clone();
     let before = ids(list().query_async(&mut admin).await.expect("CLIENT LIST"));
-    let () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(400)
-        .arg("WRITE")
-        .query_async(&mut admin)
-        .await
-        .expect("CLIENT PAUSE");
-    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
-    conn.write_all(
-        format!(
-            "POST /v1/shows/{sh}/seats/A1/hold HTTP/1.1\r\nHost: seathold\r\n\
-             Content-Length: 0\r\n\r\n"
-        )
-        .as_bytes(),
-    )
-    .await
-    .expect("send the hold");
+    pause_writes(master, 400).await;
+    let conn = send_raw_hold(&s, &sh, "A1").await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     drop(conn);
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -664,6 +633,22 @@ async fn a_client_hanging_up_keeps_the_direct_connection() {
         async move { seat_state(s, sh, "A1").await["state"] == "free" }
     })
     .await;
+}
+
+/// Sends a one-seat hold over a connection of its own, without waiting for
+/// the answer: the caller decides when the client gives up (drops it).
+async fn send_raw_hold(s: &TestServer, show: &str, seat: &str) -> TcpStream {
+    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+    conn.write_all(
+        format!(
+            "POST /v1/shows/{show}/seats/{seat}/hold HTTP/1.1\r\nHost: seathold\r\n\
+             Content-Length: 0\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("send the hold");
+    conn
 }
 
 /// Runs hold.lua for one seat of `show` as the daemon does, without a key.

@@ -346,13 +346,7 @@ async fn a_direct_connection_that_times_out_is_dropped_and_replaced() {
     s.hold(&sh, &["A1"]).await;
     let topology_changes = s.metric("seathold_topology_changes_total").await;
 
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(1500)
-        .arg("WRITE")
-        .query_async(&mut node(master).await)
-        .await
-        .expect("CLIENT PAUSE");
+    common::pause_clients(master, 1500, "WRITE").await;
     let paused = Instant::now();
     let mut fewest = f64::MAX;
     for i in 0..3 {
@@ -694,13 +688,7 @@ async fn a_confirm_meeting_tryagain_is_retried_within_its_deadline() {
     );
     let errors = series_sum(&s.metrics().await, ERRORS);
 
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(400)
-        .arg("WRITE")
-        .query_async(&mut node(from).await)
-        .await
-        .expect("CLIENT PAUSE");
+    common::pause_clients(from, 400, "WRITE").await;
     let paused = Instant::now();
     let http = s.http.clone();
     let confirm = tokio::spawn(async move {

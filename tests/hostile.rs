@@ -100,15 +100,8 @@ async fn past_the_in_flight_limit_requests_get_a_clean_503() {
         .master_port_for_slot(slot)
         .await
         .expect("master of the slot");
-    let mut master = common::node(port).await;
     let overloaded_before = s.metric("seathold_http_overloaded_total").await;
-    let () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(1500)
-        .arg("WRITE")
-        .query_async(&mut master)
-        .await
-        .expect("CLIENT PAUSE");
+    common::pause_clients(port, 1500, "WRITE").await;
     let waiting: Vec<_> = (0..2)
         .map(|i| {
             let (http, url) = (

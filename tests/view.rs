@@ -15,8 +15,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{
-    eventually, exclusive, node, node_calls, options, redis, series, server_with, show,
-    slot_and_master, TestServer,
+    eventually, exclusive, node_calls, options, redis, series, server_with, show, slot_and_master,
+    TestServer,
 };
 use futures_util::StreamExt;
 use seathold::config::Options;
@@ -629,14 +629,7 @@ async fn a_view_whose_reader_is_not_current_answers_nothing() {
         "the view was answering"
     );
 
-    let mut admin = node(master).await;
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(1500)
-        .arg("ALL")
-        .query_async(&mut admin)
-        .await
-        .expect("CLIENT PAUSE");
+    common::pause_clients(master, 1500, "ALL").await;
     let paused = Instant::now();
     tokio::time::sleep(Duration::from_millis(LAG_MS + 250)).await;
     let (c0, r0) = (answers(&a, "conflict").await, answers(&a, "read").await);

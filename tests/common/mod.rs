@@ -436,6 +436,18 @@ pub async fn client_list(port: u16) -> Vec<BTreeMap<String, String>> {
         .collect()
 }
 
+/// `CLIENT PAUSE ms mode` on the node at `port` (`WRITE`: scripts and
+/// writes wait, reads go on; `ALL`: everything waits).
+pub async fn pause_clients(port: u16, ms: u64, mode: &str) {
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(ms)
+        .arg(mode)
+        .query_async(&mut node(port).await)
+        .await
+        .expect("CLIENT PAUSE");
+}
+
 /// Brings the cluster back to health after a test changed its shape:
 /// resumes the nodes in `paused`, restarts the nodes in `killed`, and waits
 /// until every node agrees on a full slot map.

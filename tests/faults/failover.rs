@@ -395,13 +395,7 @@ async fn a_confirm_late_in_its_deadline_is_not_replicated_not_unavailable() {
     let before = common::series(&s.metrics().await, "seathold_confirms_not_replicated_total");
 
     cluster().pause(replica).expect("SIGSTOP the replica");
-    let () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(300)
-        .arg("WRITE")
-        .query_async(&mut common::node(master).await)
-        .await
-        .expect("CLIENT PAUSE");
+    common::pause_clients(master, 300, "WRITE").await;
     let asked = Instant::now();
     let (status, body) = s
         .call(
