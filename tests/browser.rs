@@ -568,6 +568,63 @@ async fn two_pages_follow_one_show_live() {
         page.wait_status("live", SECOND).await;
     }
 
+    // A PATCH through the API (a booking system changing a hold): the seat
+    // it gives back turns free, the one it adds held. A names the hold's
+    // seats from its events; after a reload it only knows them as held
+    // (the seat states do not say whose), and asks.
+    let (status, made) = server
+        .call(
+            "POST",
+            &format!("/v1/shows/{show}/holds"),
+            Some(json!({"seats": ["B1", "B2"]})),
+        )
+        .await;
+    assert_eq!(status, 201, "{made}");
+    let patch = format!(
+        "/v1/shows/{show}/holds/{}",
+        made["holdToken"].as_str().expect("token")
+    );
+    let since = Instant::now();
+    for seat in ["B1", "B2"] {
+        a.wait_seat(seat, "held", since, SECOND).await;
+    }
+    for (change, freed, added) in [
+        (json!({"add": ["B4"], "remove": ["B2"]}), "B2", "B4"),
+        (json!({"add": ["B6"], "remove": ["B4"]}), "B4", "B6"),
+    ] {
+        let since = Instant::now();
+        let (status, body) = server.call("PATCH", &patch, Some(change)).await;
+        assert_eq!(status, 200, "{body}");
+        let gone = a.wait_seat(freed, "free", since, SECOND).await;
+        let new = a.wait_seat(added, "held", since, SECOND).await;
+        eprintln!("PATCH: {freed} free in A after {gone:?}, {added} held after {new:?}");
+        assert_eq!(a.state("B1").await, "held");
+        // The second change is seen by a page that reloaded meanwhile.
+        a.open(&map).await;
+    }
+
+    // A page on a quiet show, whose stream drops before its first event:
+    // its browser reconnects without Last-Event-ID (from the newest event),
+    // and the hold made meanwhile is read again.
+    let quiet = common::show("ui-quiet");
+    b.open(&format!("{}/ui/shows/{quiet}?seats=Q1,Q2", server.base))
+        .await;
+    let addr = server.addr;
+    server.stop().await;
+    b.wait_status_not("live", Duration::from_secs(5)).await;
+    other.hold(&quiet, &["Q1"]).await;
+    let restarted = Instant::now();
+    let server = common::server_with(seathold::config::Options {
+        listen: addr,
+        ..common::options()
+    })
+    .await;
+    let in_b = b
+        .wait_seat("Q1", "held", restarted, Duration::from_secs(10))
+        .await;
+    eprintln!("quiet show: the hold made while the stream was down in B after {in_b:?}");
+    assert_eq!(b.state("Q2").await, "free");
+
     // ?seats= chooses the seats, grouped in rows by their letters; an
     // invalid id is left out and said so.
     b.open(&format!(
@@ -661,6 +718,13 @@ async fn dev_prints_the_seat_map_url_unless_ui_off() {
         "{:?}",
         page.headers()
     );
+    // Its buttons hold and buy: no other site may frame it.
+    let csp = page.headers()["content-security-policy"]
+        .to_str()
+        .expect("CSP");
+    assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+    assert_eq!(page.headers()["x-frame-options"], "DENY");
+    assert_eq!(page.headers()["x-content-type-options"], "nosniff");
     assert!(page.text().await.expect("html").contains("id=\"seats\""));
     drop(dev);
 
