@@ -96,7 +96,7 @@ pub struct Options {
     pub listen: SocketAddr,
 
     /// Redis Cluster seed nodes, comma-separated `redis://host:port` or
-    /// `rediss://host:port` URLs (credentials may be in the URLs). Ignored
+    /// `rediss://host:port` URLs (credentials may be in the URLs). Refused
     /// by `dev`, which makes its own cluster.
     #[arg(long, env = "SEATHOLD_REDIS_NODES", value_delimiter = ',')]
     pub redis_nodes: Vec<String>,
@@ -356,6 +356,29 @@ impl Options {
                 "--api-token is shorter than 16 characters: a token that can be guessed guards nothing"
             );
         }
+    }
+
+    /// For a cluster with `replicas` per master (`seathold dev`): a confirm
+    /// cannot wait for more replicas than a master has, or every confirm
+    /// would answer 503 `not_replicated` after its wait, forever. The
+    /// default (1) is lowered to `replicas`; a value set above it stops
+    /// start-up.
+    pub fn fit_confirm_wait_to(&mut self, replicas: u32) -> Result<(), ConfigError> {
+        if self.confirm_wait_replicas <= replicas {
+            return Ok(());
+        }
+        if self.confirm_wait_replicas == Options::default().confirm_wait_replicas {
+            tracing::info!(
+                "--confirm-wait-replicas lowered from its default {} to {replicas}: the local cluster has {replicas} replicas per master",
+                self.confirm_wait_replicas
+            );
+            self.confirm_wait_replicas = replicas;
+            return Ok(());
+        }
+        Err(ConfigError(format!(
+            "--confirm-wait-replicas {} but the local cluster has {replicas} replicas per master (--replicas): no confirm could succeed",
+            self.confirm_wait_replicas
+        )))
     }
 
     /// Checks what clap cannot: bounds that must agree with each other.

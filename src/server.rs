@@ -388,11 +388,17 @@ pub async fn dev(dev: DevOptions, shutdown: impl Future<Output = ()>) -> Result<
     opts.settle();
     opts.validate()?;
     opts.refuse_for_dev()?;
+    opts.fit_confirm_wait_to(u32::from(dev.replicas))?;
     let listener = bind(&opts).await?;
+    let plural = |n: u16, one: &str| match n {
+        0 => format!("no {one}s"),
+        1 => format!("1 {one}"),
+        n => format!("{n} {one}s"),
+    };
     say!(
-        "starting a local Redis Cluster ({} masters, {} replicas each)...",
-        dev.masters,
-        dev.replicas
+        "starting a local Redis Cluster ({}, {} each)...",
+        plural(dev.masters, "master"),
+        plural(dev.replicas, "replica")
     );
     let cluster = crate::dev::LocalCluster::start(crate::dev::ClusterOptions {
         masters: usize::from(dev.masters),

@@ -238,3 +238,62 @@ fn dev_without_redis_server_says_how_to_install_it() {
         "{text}"
     );
 }
+
+/// `seathold dev --replicas 0`: confirms succeed. A confirm waits for
+/// `--confirm-wait-replicas` (1 by default) replicas, and without replicas
+/// every confirm answered 503 `not_replicated` after its wait, forever;
+/// the default now follows the local cluster's replicas. Asking for more
+/// than it has (here 2 of 1) stops start-up.
+#[tokio::test]
+async fn dev_without_replicas_confirms() {
+    let port = free_port();
+    let run = start_dev(&[
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--masters",
+        "1",
+        "--replicas",
+        "0",
+    ]);
+    assert!(
+        run.banner.contains("(1 master, no replicas each)"),
+        "{}",
+        run.banner
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    common::wait_readyz(&http, &url, 200, Duration::from_secs(30)).await;
+    let hold: serde_json::Value = http
+        .post(format!("{url}/v1/shows/42/holds"))
+        .json(&serde_json::json!({"seats": ["E7"]}))
+        .send()
+        .await
+        .expect("hold")
+        .json()
+        .await
+        .expect("json");
+    let token = hold["holdToken"].as_str().expect("token");
+    let r = http
+        .post(format!("{url}/v1/shows/42/holds/{token}/confirm"))
+        .send()
+        .await
+        .expect("confirm");
+    let status = r.status().as_u16();
+    let body = r.text().await.unwrap_or_default();
+    assert_eq!(status, 200, "{body}");
+    drop(run);
+
+    let (code, text) = {
+        let out = Command::new(env!("CARGO_BIN_EXE_seathold"))
+            .args(["dev", "--listen", "127.0.0.1:0", "--replicas", "1"])
+            .args(["--confirm-wait-replicas", "2"])
+            .output()
+            .expect("run seathold dev");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("--confirm-wait-replicas 2"), "{text}");
+}
