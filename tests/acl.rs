@@ -621,3 +621,45 @@ async fn a_script_refused_by_the_acl_is_503_and_counted_as_auth() {
     let after = common::series(&s.metrics().await, auth);
     assert_eq!(after - before, 1.0, "{body}");
 }
+
+/// The doctor's scratch keys expire within a minute even when the user may
+/// not delete them (or the doctor is stopped halfway): its `PEXPIREAT` set
+/// the scratch key's expiry to the year 5138, and the stream, index and
+/// hash it made never had one.
+#[tokio::test]
+async fn the_doctors_scratch_keys_expire_when_it_cannot_delete_them() {
+    let _shared = common::shared().await;
+    let rules: Vec<String> = seathold_rules()
+        .into_iter()
+        .chain(["-del".to_owned()])
+        .collect();
+    set_user("seathold-nodel", &rules).await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_seathold"))
+        .arg("doctor")
+        .args(["--redis-nodes", &cluster().seed_urls().join(",")])
+        .args(["--redis-username", "seathold-nodel"])
+        .env("SEATHOLD_REDIS_PASSWORD", PASSWORD)
+        .output()
+        .await
+        .expect("run seathold doctor");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains("+del"),
+        "the refused DEL is reported:\n{report}"
+    );
+    let mut scratch = 0;
+    for port in common::master_ports().await {
+        let mut conn = common::node(port).await;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("seat-hold:{seathold-doctor-*")
+            .query_async(&mut conn)
+            .await
+            .expect("KEYS");
+        for key in keys {
+            let ttl: i64 = conn.pttl(&key).await.expect("PTTL");
+            assert!((1..=60_000).contains(&ttl), "{key} on {port}: PTTL {ttl}");
+            scratch += 1;
+        }
+    }
+    assert!(scratch >= 3, "the scratch keys left behind: {scratch}");
+}

@@ -43,6 +43,12 @@ fn tries(key: &str) -> Vec<Try> {
     let stream = stream.as_str();
     let index = index.as_str();
     let pool = pool.as_str();
+    // A minute from now: every scratch key expires by itself should the DEL
+    // be refused (or the doctor be stopped halfway).
+    let soon = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() + 60_000)
+        .to_string();
     vec![
         // The TTL makes the key go by itself should the DEL be refused.
         t("+set", &["SET", key, "0", "PX", "60000"]),
@@ -54,17 +60,19 @@ fn tries(key: &str) -> Vec<Try> {
         t("+pexpire", &["PEXPIRE", key, "60000"]),
         t("+pttl", &["PTTL", key]),
         t("+pexpiretime", &["PEXPIRETIME", key]),
-        t("+pexpireat", &["PEXPIREAT", key, "99999999999999"]),
+        t("+pexpireat", &["PEXPIREAT", key, &soon]),
         t(
             "+xadd",
             &["XADD", stream, "MAXLEN", "~", "100", "*", "t", "doctor"],
         ),
+        t("+pexpire", &["PEXPIRE", stream, "60000"]),
         t("+xrange", &["XRANGE", stream, "-", "+", "COUNT", "1"]),
         t("+xrevrange", &["XREVRANGE", stream, "+", "-", "COUNT", "1"]),
         t("+xread", &["XREAD", "COUNT", "1", "STREAMS", stream, "0-0"]),
         t("+xinfo|stream", &["XINFO", "STREAM", stream]),
         t("+xdel", &["XDEL", stream, "0-1"]),
         t("+zadd", &["ZADD", index, "1", "doctor"]),
+        t("+pexpire", &["PEXPIRE", index, "60000"]),
         t("+zrangebyscore", &["ZRANGEBYSCORE", index, "-inf", "+inf"]),
         t("+zrange", &["ZRANGE", index, "0", "0", "WITHSCORES"]),
         t("+zrem", &["ZREM", index, "doctor"]),
@@ -73,6 +81,7 @@ fn tries(key: &str) -> Vec<Try> {
             &["ZREMRANGEBYSCORE", index, "-inf", "(0"],
         ),
         t("+hset", &["HSET", pool, "capacity", "0"]),
+        t("+pexpire", &["PEXPIRE", pool, "60000"]),
         t("+hincrby", &["HINCRBY", pool, "held", "0"]),
         t("+hget", &["HGET", pool, "capacity"]),
         t("+hmget", &["HMGET", pool, "capacity", "held"]),
