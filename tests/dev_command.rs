@@ -239,6 +239,39 @@ fn dev_without_redis_server_says_how_to_install_it() {
     );
 }
 
+/// A redis-server older than 7.0 (here a stand-in that says it is 6.0.16,
+/// as Ubuntu 22.04's package is) is refused with what to install: such a
+/// server started, formed the cluster and answered holds, then failed every
+/// read, extend and confirm with a script error (500).
+#[test]
+fn dev_with_an_old_redis_server_says_what_to_install() {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = tempfile::tempdir().expect("temp dir");
+    let fake = bin.path().join("redis-server");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho 'Redis server v=6.0.16 sha=00000000:0 malloc=jemalloc-5.2.1 bits=64 build=a3fdef44459b3ad6'\n",
+    )
+    .expect("write the stand-in");
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let out = Command::new(env!("CARGO_BIN_EXE_seathold"))
+        .args(["dev", "--listen", &format!("127.0.0.1:{}", free_port())])
+        .env("PATH", bin.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run seathold dev");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("is Redis 6.0") && text.contains("Redis 7.0 or newer"),
+        "{text}"
+    );
+}
+
 /// `seathold dev --replicas 0`: confirms succeed. A confirm waits for
 /// `--confirm-wait-replicas` (1 by default) replicas, and without replicas
 /// every confirm answered 503 `not_replicated` after its wait, forever;

@@ -92,6 +92,7 @@ fn a_well_set_cluster_passes_every_check() {
     assert!(line(&report, "slot coverage").contains("all 16384 slots served by 3 masters"));
     assert!(line(&report, "replicas").contains("every master (3) has at least 1 replica"));
     assert!(line(&report, "appendonly").contains("\"yes\" on all 6 nodes"));
+    assert!(line(&report, "redis version").contains(" on all 6 nodes"));
     assert!(line(&report, "notify-keyspace-events").contains("on all 6 nodes"));
     assert!(line(&report, "cluster-node-timeout").contains("\"5000\""));
     assert!(line(&report, "clocks").contains("the 3 masters' clocks are within"));

@@ -15,6 +15,17 @@ pub enum DevError {
         "redis-server was not found on PATH; install it, e.g. `sudo apt-get install redis-server` (Debian/Ubuntu) or `brew install redis` (macOS)"
     )]
     RedisServerNotFound,
+    /// A `redis-server` older than seathold needs.
+    #[error(
+        "{} is Redis {found}; seathold needs Redis 7.0 or newer (its scripts call PEXPIRETIME). Install a newer redis-server, e.g. Debian 12's or Ubuntu 24.04's package, or one from packages.redis.io",
+        path.display()
+    )]
+    RedisServerTooOld {
+        /// The binary.
+        path: PathBuf,
+        /// Its major.minor version.
+        found: String,
+    },
     /// An explicitly given `redis-server` path is missing or not executable.
     #[error("redis-server binary {} does not exist or is not executable", path.display())]
     RedisServerNotExecutable {

@@ -174,6 +174,7 @@ impl LocalCluster {
     pub async fn start(opts: ClusterOptions) -> Result<LocalCluster, DevError> {
         opts.validate()?;
         let redis_server = resolve_redis_server(&opts.redis_server)?;
+        process::check_version(&redis_server)?;
         let started_at = Instant::now();
         let deadline = started_at + opts.start_timeout;
         let temp_dir = tempfile::Builder::new()

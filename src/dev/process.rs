@@ -178,6 +178,40 @@ pub(super) fn resolve_redis_server(program: &Path) -> Result<PathBuf, DevError> 
         .ok_or(DevError::RedisServerNotFound)
 }
 
+/// The oldest Redis seathold runs on: its scripts call `PEXPIRETIME` and
+/// `SET … PXAT` with `NX` (7.0).
+const MIN_REDIS: (u32, u32) = (7, 0);
+
+/// Refuses a `redis-server` older than [`MIN_REDIS`]: an older one starts,
+/// forms the cluster and answers holds, then fails reads, extends and
+/// confirms with script errors. A version it cannot read is let through.
+pub(super) fn check_version(redis_server: &Path) -> Result<(), DevError> {
+    let out = Command::new(redis_server)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(io_error(format!(
+            "running {} --version",
+            redis_server.display()
+        )))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    match parse_version(&text) {
+        Some(version) if version < MIN_REDIS => Err(DevError::RedisServerTooOld {
+            path: redis_server.to_path_buf(),
+            found: format!("{}.{}", version.0, version.1),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Major and minor version from `redis-server --version` ("Redis server
+/// v=7.0.15 sha=…").
+fn parse_version(text: &str) -> Option<(u32, u32)> {
+    let v = text.split_whitespace().find_map(|w| w.strip_prefix("v="))?;
+    let mut parts = v.split('.');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
 fn is_executable(path: &Path) -> bool {
     fs::metadata(path)
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
@@ -312,6 +346,23 @@ pub(super) fn log_tail(node_dir: &Path) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn versions_are_read_from_redis_server_version() {
+        assert_eq!(
+            super::parse_version(
+                "Redis server v=7.0.15 sha=00000000:0 malloc=jemalloc-5.3.0 bits=64 build=1"
+            ),
+            Some((7, 0))
+        );
+        assert_eq!(
+            super::parse_version("Redis server v=6.0.16 sha=0"),
+            Some((6, 0))
+        );
+        assert_eq!(super::parse_version("Redis server v=10.2.1"), Some((10, 2)));
+        assert_eq!(super::parse_version("something else"), None);
+        assert!((6, 2) < super::MIN_REDIS && (7, 0) >= super::MIN_REDIS);
+    }
+
     use super::*;
 
     #[test]

@@ -149,6 +149,7 @@ pub async fn run(opts: &Options) -> Result<Report, StartError> {
     report
         .checks
         .push(topology::replicas(&nodes, opts.confirm_wait_replicas));
+    report.checks.push(settings::version(&nodes).await);
     report.checks.extend(settings::check(&nodes).await);
     report.checks.push(topology::clocks(&nodes).await);
     report.checks.extend(rights::check(&nodes, opts).await);

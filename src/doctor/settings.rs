@@ -103,3 +103,47 @@ pub(super) async fn check(nodes: &Nodes) -> Vec<Check> {
         })
         .collect()
 }
+
+/// The oldest Redis seathold runs on: its scripts call `PEXPIRETIME` (7.0).
+const MIN_VERSION: (u32, u32) = (7, 0);
+
+/// The Redis version of every node, from `INFO server`: an older node
+/// (a replica too, which may be promoted) serves holds but fails every
+/// read, extend and confirm with a script error.
+pub(super) async fn version(nodes: &Nodes) -> Check {
+    let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut status = Status::Pass;
+    for (addr, mut conn) in nodes.all() {
+        let reply: redis::RedisResult<String> = nodes
+            .query(&mut conn, redis::cmd("INFO").arg("server"))
+            .await;
+        let version = match reply {
+            Ok(info) => info
+                .lines()
+                .find_map(|l| l.strip_prefix("redis_version:"))
+                .map_or_else(|| "(not reported)".to_owned(), |v| v.trim().to_owned()),
+            Err(err) => format!("(INFO failed: {err})"),
+        };
+        let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
+        let ok = matches!((parts.next(), parts.next()), (Some(Some(major)), Some(Some(minor))) if (major, minor) >= MIN_VERSION);
+        if !ok {
+            status = Status::Fail;
+        }
+        seen.entry(version).or_default().push(addr.to_owned());
+    }
+    let found = if seen.len() == 1 {
+        seen.iter()
+            .map(|(v, addrs)| format!("{v} on all {} nodes", addrs.len()))
+            .collect::<Vec<_>>()
+    } else {
+        seen.iter()
+            .map(|(v, addrs)| format!("{v} on {}", list(addrs)))
+            .collect()
+    };
+    Check::new(
+        status,
+        "redis version",
+        found.join("; "),
+        "every node needs Redis 7.0 or newer (seathold's scripts call PEXPIRETIME); upgrade the others",
+    )
+}
