@@ -647,6 +647,12 @@ async fn the_doctors_scratch_keys_expire_when_it_cannot_delete_them() {
         report.contains("+del"),
         "the refused DEL is reported:\n{report}"
     );
+    // The advice names the user (cluster/acl.conf does not grant ACL
+    // WHOAMI; it said "(the configured user)").
+    assert!(
+        report.contains("ACL SETUSER seathold-nodel"),
+        "advice to paste:\n{report}"
+    );
     let mut scratch = 0;
     for port in common::master_ports().await {
         let mut conn = common::node(port).await;

@@ -113,7 +113,7 @@ fn scratch_key(nodes: &Nodes, master: &str, prefix: &str) -> Option<String> {
 pub(super) async fn check(nodes: &Nodes, opts: &Options) -> Vec<Check> {
     let mut checks = Vec::new();
     for (addr, mut conn) in nodes.masters() {
-        let user = whoami(nodes, &mut conn).await;
+        let user = whoami(nodes, &mut conn, opts.redis_username.as_deref()).await;
         let Some(key) = scratch_key(nodes, addr, &opts.key_prefix) else {
             continue;
         };
@@ -196,11 +196,21 @@ fn judge(
 }
 
 /// The user the connection is authenticated as.
-async fn whoami(nodes: &Nodes, conn: &mut MultiplexedConnection) -> String {
-    nodes
+/// The user the doctor runs as: `ACL WHOAMI` (which cluster/acl.conf does
+/// not grant), else `--redis-username`, else `default` (no username is
+/// Redis's default user), so that the advice names a user to paste.
+async fn whoami(
+    nodes: &Nodes,
+    conn: &mut MultiplexedConnection,
+    configured: Option<&str>,
+) -> String {
+    match nodes
         .query::<String>(conn, redis::cmd("ACL").arg("WHOAMI"))
         .await
-        .unwrap_or_else(|_| "(the configured user)".into())
+    {
+        Ok(user) => user,
+        Err(_) => configured.unwrap_or("default").to_owned(),
+    }
 }
 
 /// `SUBSCRIBE` to the expiry channel and `PING` while subscribed, as the
