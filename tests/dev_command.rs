@@ -218,12 +218,12 @@ fn a_killed_dev_leaves_nothing_behind() {
     assert_cleaned_up(&run);
 }
 
-#[test]
-fn dev_without_redis_server_says_how_to_install_it() {
-    let empty = tempfile::tempdir().expect("temp dir");
+/// `seathold dev` with only `bin` on PATH, run to its end: its exit code
+/// and everything it printed.
+fn dev_with_path(bin: &std::path::Path) -> (Option<i32>, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_seathold"))
         .args(["dev", "--listen", &format!("127.0.0.1:{}", free_port())])
-        .env("PATH", empty.path())
+        .env("PATH", bin)
         .stdin(Stdio::null())
         .output()
         .expect("run seathold dev");
@@ -232,7 +232,14 @@ fn dev_without_redis_server_says_how_to_install_it() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(out.status.code(), Some(2), "{text}");
+    (out.status.code(), text)
+}
+
+#[test]
+fn dev_without_redis_server_says_how_to_install_it() {
+    let empty = tempfile::tempdir().expect("temp dir");
+    let (code, text) = dev_with_path(empty.path());
+    assert_eq!(code, Some(2), "{text}");
     assert!(
         text.contains("redis-server") && text.contains("apt-get install redis-server"),
         "{text}"
@@ -254,18 +261,8 @@ fn dev_with_an_old_redis_server_says_what_to_install() {
     )
     .expect("write the stand-in");
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let out = Command::new(env!("CARGO_BIN_EXE_seathold"))
-        .args(["dev", "--listen", &format!("127.0.0.1:{}", free_port())])
-        .env("PATH", bin.path())
-        .stdin(Stdio::null())
-        .output()
-        .expect("run seathold dev");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(out.status.code(), Some(2), "{text}");
+    let (code, text) = dev_with_path(bin.path());
+    assert_eq!(code, Some(2), "{text}");
     assert!(
         text.contains("is Redis 6.0") && text.contains("Redis 7.0 or newer"),
         "{text}"

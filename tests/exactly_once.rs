@@ -164,6 +164,14 @@ async fn seat_state(s: &TestServer, show: &str, seat: &str) -> Value {
     body
 }
 
+/// Waits up to 5 s for `seat` of `show` to read free.
+async fn wait_free(s: &TestServer, show: &str, seat: &str) {
+    common::eventually(Duration::from_secs(5), "the seat to be free", || async {
+        seat_state(s, show, seat).await["state"] == "free"
+    })
+    .await;
+}
+
 /// `CLIENT PAUSE ms WRITE` on a node.
 async fn pause_writes(port: u16, ms: u64) {
     common::pause_clients(port, ms, "WRITE").await;
@@ -588,11 +596,7 @@ async fn hold_whose_client_gave_up_leaves_no_seat_held() {
         Duration::from_secs(5),
     )
     .await;
-    common::eventually(Duration::from_secs(5), "the seat to be free", || {
-        let (s, sh) = (&s, &sh);
-        async move { seat_state(s, sh, "A1").await["state"] == "free" }
-    })
-    .await;
+    wait_free(&s, &sh, "A1").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(get_opt(&keys().seat(&sh, "A1")).await, None);
 }
@@ -628,11 +632,7 @@ async fn a_client_hanging_up_keeps_the_direct_connection() {
     let gone: Vec<_> = before.difference(&after).collect();
     assert!(gone.is_empty(), "connections closed: {gone:?}");
     // The hold the client never learned of was released.
-    common::eventually(Duration::from_secs(5), "the seat to be free", || {
-        let (s, sh) = (&s, &sh);
-        async move { seat_state(s, sh, "A1").await["state"] == "free" }
-    })
-    .await;
+    wait_free(&s, &sh, "A1").await;
 }
 
 /// Sends a one-seat hold over a connection of its own, without waiting for

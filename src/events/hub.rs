@@ -185,19 +185,17 @@ impl Hub {
         // reply is applied only once nothing after `last` proves trimmed.
         let mut resumed = false;
         let mut closed = self.closed.subscribe();
-        let retire = || {
-            let mut shows = self.lock();
+        // Under the hub's lock, so that a new subscriber either finds this
+        // reader's sender or starts a new reader.
+        let retire = |shows: &mut HashMap<ShowId, Feed>| {
             shows.remove(&show);
             metrics::gauge!(crate::metrics::EVENT_READERS).set(shows.len() as f64);
         };
         loop {
             {
-                // Stop under the lock, so that a new subscriber either finds
-                // this reader's sender or starts a new reader.
-                let shows = self.lock();
+                let mut shows = self.lock();
                 if *closed.borrow() || (tx.receiver_count() == 0 && !feed.view_in_use()) {
-                    drop(shows);
-                    retire();
+                    retire(&mut shows);
                     return;
                 }
             }
@@ -236,7 +234,7 @@ impl Hub {
             let reply = tokio::select! {
                 reply = xread.query_async::<Value>(c) => reply,
                 _ = closed.wait_for(|c| *c) => {
-                    retire();
+                    retire(&mut self.lock());
                     return;
                 }
             };

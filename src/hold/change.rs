@@ -235,7 +235,7 @@ impl Service {
             Ok(answered) => answered,
             Err(err) => {
                 if let Some(idem) = recording {
-                    self.forget_idempotency(show, idem).await;
+                    self.forget_idempotency(show, idem, false).await;
                 }
                 return Err(err);
             }
@@ -265,7 +265,7 @@ impl Service {
             count(m::CONFIRMS_NOT_REPLICATED, 1);
             tracing::warn!(%show, replicas, wanted = wait.replicas, "confirm not replicated in time");
             if let Some(idem) = recording {
-                self.forget_idempotency(show, idem).await;
+                self.forget_idempotency(show, idem, true).await;
             }
             return Err(Error::NotReplicated(Box::new(confirmation)));
         }
@@ -282,16 +282,28 @@ impl Service {
     /// with a failure, so that the retry runs again as a fresh request
     /// (and records its own answer). Best effort: when Redis cannot be
     /// reached the record stays, and the retry, which confirms and waits
-    /// again anyway, is marked replayed.
-    async fn forget_idempotency(&self, show: &ShowId, idem: &Idem) {
+    /// again anyway, is marked replayed. Awaited after a `WAIT` fell short
+    /// (Redis answers, and the retry must find no record); in the
+    /// background after a Redis failure, so that the 503 is not delayed by
+    /// a second wait on a Redis that did not answer.
+    async fn forget_idempotency(&self, show: &ShowId, idem: &Idem, now: bool) {
         let key = self.keys.idempotency(show, idem.key.as_str());
-        let forget = async {
-            let mut conn = self.cluster.conn()?;
-            let () = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
-            Ok(())
+        let cluster = std::sync::Arc::clone(&self.cluster);
+        let show = show.clone();
+        let forget = async move {
+            let del = async {
+                let mut conn = cluster.conn()?;
+                let () = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
+                Ok(())
+            };
+            if let Err(err) = cluster.deadline().within(del).await {
+                tracing::warn!(%show, error = %err, "could not remove the idempotency record of a failed confirm");
+            }
         };
-        if let Err(err) = self.cluster.deadline().within(forget).await {
-            tracing::warn!(%show, error = %err, "could not remove the idempotency record of a failed confirm");
+        if now {
+            forget.await;
+        } else {
+            tokio::spawn(forget);
         }
     }
 }
