@@ -285,7 +285,11 @@ async fn the_doctor_passes_the_acl_rights_of_the_least_privileged_user() {
         .lines()
         .filter(|l| l.contains("  acl ") || l.contains("  scripts:"))
         .collect();
-    assert_eq!(lines.len(), 4, "three masters and the scripts:\n{report}");
+    assert_eq!(
+        lines.len(),
+        7,
+        "three masters, three replicas and the scripts:\n{report}"
+    );
     for line in lines {
         assert!(
             line.starts_with("PASS"),

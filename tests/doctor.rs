@@ -75,7 +75,7 @@ fn keys(cluster: &LocalCluster) -> u64 {
 
 #[test]
 fn a_well_set_cluster_passes_every_check() {
-    let (cluster, _, code, report) = start_and_check(ClusterOptions {
+    let (cluster, seeds, code, report) = start_and_check(ClusterOptions {
         node_timeout_ms: 5000,
         extra_config: config(&[
             ("appendonly", "yes"),
@@ -101,7 +101,7 @@ fn a_well_set_cluster_passes_every_check() {
         "all {scripts} scripts of lua/ load on all 3 masters"
     )));
     let acl: Vec<_> = report.lines().filter(|l| l.contains("  acl ")).collect();
-    assert_eq!(acl.len(), 3, "one ACL line per master:\n{report}");
+    assert_eq!(acl.len(), 6, "one ACL line per node:\n{report}");
     for l in acl {
         assert!(
             l.contains("PASS") && l.contains("user default may run all "),
@@ -109,6 +109,41 @@ fn a_well_set_cluster_passes_every_check() {
         );
     }
     assert_eq!(keys(&cluster), 0, "the scratch keys are gone");
+
+    // Replicas with a narrower ACL than their masters: each would run with
+    // it once promoted. The check ran on masters only and passed.
+    each_node(&cluster, |c| {
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query(c).expect("ROLE");
+        let replica = matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"slave");
+        let mut setuser = redis::cmd("ACL");
+        setuser.arg(&["SETUSER", "narrow", "on", ">doctor-secret", "~seat-hold:*"]);
+        setuser.arg(&["&*", "+@all"]);
+        if replica {
+            setuser.arg("-evalsha");
+        }
+        let _: () = setuser.query(c).expect("ACL SETUSER");
+    });
+    let (code, report) = doctor(&[
+        "--redis-nodes",
+        &seeds,
+        "--redis-username",
+        "narrow",
+        "--redis-password",
+        "doctor-secret",
+    ]);
+    assert_eq!(code, Some(1), "{report}");
+    let acl: Vec<_> = report.lines().filter(|l| l.contains("  acl ")).collect();
+    assert_eq!(acl.len(), 6, "one ACL line per node:\n{report}");
+    for l in acl {
+        if l.contains("(replica)") {
+            assert!(
+                l.starts_with("FAIL") && l.contains("user narrow is denied +evalsha"),
+                "{l}"
+            );
+        } else {
+            assert!(l.starts_with("PASS"), "{l}");
+        }
+    }
 }
 
 #[test]
@@ -184,7 +219,11 @@ fn a_badly_set_cluster_gets_a_line_for_each_problem_and_exit_1() {
     ]);
     assert_eq!(code, Some(1), "{report}");
     let acl: Vec<_> = report.lines().filter(|l| l.contains("  acl ")).collect();
-    assert_eq!(acl.len(), 3, "one ACL line per master:\n{report}");
+    assert_eq!(
+        acl.len(),
+        3,
+        "one ACL line per node (no replicas):\n{report}"
+    );
     for l in acl {
         assert!(l.starts_with("FAIL"), "{l}");
         assert!(
@@ -208,6 +247,8 @@ fn a_badly_set_cluster_gets_a_line_for_each_problem_and_exit_1() {
         "scripts need no key rights:\n{report}"
     );
     assert!(report.contains("~elsewhere:*"), "{report}");
+    assert_eq!(keys(&cluster), 0, "the scratch keys are gone");
+
     assert_eq!(keys(&cluster), 0, "the scratch keys are gone");
 }
 

@@ -1,6 +1,9 @@
 //! The configured user's ACL rights, proven rather than read: on every
 //! master the doctor runs each command seathold needs, on a scratch key of
-//! its own in a slot of that master, and deletes the key again.
+//! its own in a slot of that master, and deletes the key again. On every
+//! replica it runs the same commands, which Redis checks against the ACL
+//! before it redirects them to the master (`MOVED`): a promoted replica
+//! runs with its own ACL.
 //!
 //! The scratch key is `<prefix>{seathold-doctor-<random>}`: under the key
 //! prefix, so a user limited to `~seat-hold:*` (cluster/acl.conf) may touch
@@ -109,21 +112,33 @@ fn scratch_key(nodes: &Nodes, master: &str, prefix: &str) -> Option<String> {
         .find(|key| nodes.topo.master_of(keys::slot(key.as_bytes())) == Some(master))
 }
 
-/// One line per master.
+/// One line per node. Replicas too: a promoted replica runs with its own
+/// ACL. On a replica a command the ACL lets through answers `MOVED` (or
+/// `WAIT` refuses a replica), so only a refusal is a verdict, and nothing
+/// is written there.
 pub(super) async fn check(nodes: &Nodes, opts: &Options) -> Vec<Check> {
     let mut checks = Vec::new();
-    for (addr, mut conn) in nodes.masters() {
+    for (addr, mut conn) in nodes.all() {
+        let replica = !nodes.topo.masters.iter().any(|m| m == addr);
         let user = whoami(nodes, &mut conn, opts.redis_username.as_deref()).await;
-        let Some(key) = scratch_key(nodes, addr, &opts.key_prefix) else {
-            continue;
+        let key = if replica {
+            format!("{}{{seathold-doctor-replica}}", opts.key_prefix)
+        } else {
+            match scratch_key(nodes, addr, &opts.key_prefix) {
+                Some(key) => key,
+                None => continue,
+            }
         };
         let mut denied = Vec::new();
         let mut failed = Vec::new();
         let mut tried = 0;
         for Try { rule, cmd } in tries(&key) {
             tried += 1;
-            if let Err(err) = nodes.query::<redis::Value>(&mut conn, &cmd).await {
-                judge(rule, &err, &opts.key_prefix, &mut denied, &mut failed);
+            match nodes.query::<redis::Value>(&mut conn, &cmd).await {
+                Err(err) if !(replica && let_through(&err)) => {
+                    judge(rule, &err, &opts.key_prefix, &mut denied, &mut failed);
+                }
+                _ => {}
             }
         }
         tried += 2;
@@ -136,11 +151,19 @@ pub(super) async fn check(nodes: &Nodes, opts: &Options) -> Vec<Check> {
                 &mut failed,
             );
         }
-        let name = format!("acl {addr}");
+        let (name, done) = if replica {
+            (
+                format!("acl {addr} (replica)"),
+                "its key commands answered MOVED, as a replica's do once the ACL let them through"
+                    .to_owned(),
+            )
+        } else {
+            (format!("acl {addr}"), format!("scratch key {key} deleted"))
+        };
         checks.push(if denied.is_empty() && failed.is_empty() {
             Check::pass(
                 name,
-                format!("user {user} may run all {tried} commands seathold needs (scratch key {key} deleted)"),
+                format!("user {user} may run all {tried} commands seathold needs ({done})"),
             )
         } else if denied.is_empty() {
             Check::new(
@@ -166,6 +189,14 @@ pub(super) async fn check(nodes: &Nodes, opts: &Options) -> Vec<Check> {
         });
     }
     checks
+}
+
+/// Whether a replica's error says the ACL let the command through: it
+/// redirected it to the master, or refused `WAIT` as a replica.
+fn let_through(err: &redis::RedisError) -> bool {
+    use redis::{ErrorKind as K, ServerErrorKind as S};
+    matches!(err.kind(), K::Server(S::Moved | S::Ask | S::ReadOnly))
+        || err.to_string().contains("cannot be used with replica")
 }
 
 /// Files a refusal under `denied` as the ACL rule to grant, anything else
