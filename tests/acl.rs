@@ -269,18 +269,23 @@ async fn a_wrong_password_keeps_it_not_ready_and_says_why() {
     task.await.expect("task").expect("run");
 }
 
-#[tokio::test]
-async fn the_doctor_passes_the_acl_rights_of_the_least_privileged_user() {
-    install_user().await;
+/// What `seathold doctor` reports on the test cluster as ACL user `user`.
+async fn doctor_report(user: &str) -> String {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_seathold"))
         .arg("doctor")
         .args(["--redis-nodes", &cluster().seed_urls().join(",")])
-        .args(["--redis-username", "seathold"])
+        .args(["--redis-username", user])
         .env("SEATHOLD_REDIS_PASSWORD", PASSWORD)
         .output()
         .await
         .expect("run seathold doctor");
-    let report = String::from_utf8_lossy(&out.stdout);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn the_doctor_passes_the_acl_rights_of_the_least_privileged_user() {
+    install_user().await;
+    let report = doctor_report("seathold").await;
     let lines: Vec<_> = report
         .lines()
         .filter(|l| l.contains("  acl ") || l.contains("  scripts:"))
@@ -638,15 +643,7 @@ async fn the_doctors_scratch_keys_expire_when_it_cannot_delete_them() {
         .chain(["-del".to_owned()])
         .collect();
     set_user("seathold-nodel", &rules).await;
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_seathold"))
-        .arg("doctor")
-        .args(["--redis-nodes", &cluster().seed_urls().join(",")])
-        .args(["--redis-username", "seathold-nodel"])
-        .env("SEATHOLD_REDIS_PASSWORD", PASSWORD)
-        .output()
-        .await
-        .expect("run seathold doctor");
-    let report = String::from_utf8_lossy(&out.stdout);
+    let report = doctor_report("seathold-nodel").await;
     assert!(
         report.contains("+del"),
         "the refused DEL is reported:\n{report}"

@@ -217,13 +217,7 @@ async fn null_endpoints_in_cluster_slots_still_make_the_daemon_ready() {
         let sh = show(tag);
         let hold = s.hold(&sh, &["E1", "E2"]).await;
         let token = hold["holdToken"].as_str().expect("token");
-        let (status, body) = s
-            .call(
-                "POST",
-                &format!("/v1/shows/{sh}/holds/{token}/confirm"),
-                None,
-            )
-            .await;
+        let (status, body) = s.confirm(&sh, token).await;
         assert_eq!(status, 200, "confirm: {body}");
         let (_, seat) = s.get(&format!("/v1/shows/{sh}/seats/E2")).await;
         assert_eq!(seat["state"], "sold");

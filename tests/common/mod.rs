@@ -139,6 +139,16 @@ impl TestServer {
     }
 
     /// `POST …/holds/{token}/extend` with `ttlMs`: status and body.
+    /// `POST …/holds/{token}/confirm`: the status and body.
+    pub async fn confirm(&self, show: &str, token: &str) -> (u16, Value) {
+        self.call(
+            "POST",
+            &format!("/v1/shows/{show}/holds/{token}/confirm"),
+            None,
+        )
+        .await
+    }
+
     pub async fn extend(&self, show: &str, token: &str, ttl_ms: u64) -> (u16, Value) {
         self.post(
             &format!("/v1/shows/{show}/holds/{token}/extend"),

@@ -397,13 +397,7 @@ async fn a_confirm_late_in_its_deadline_is_not_replicated_not_unavailable() {
     cluster().pause(replica).expect("SIGSTOP the replica");
     common::pause_clients(master, 300, "WRITE").await;
     let asked = Instant::now();
-    let (status, body) = s
-        .call(
-            "POST",
-            &format!("/v1/shows/{sh}/holds/{token}/confirm"),
-            None,
-        )
-        .await;
+    let (status, body) = s.confirm(&sh, &token).await;
     eprintln!(
         "confirm answered after {:?}: {status} {body}",
         asked.elapsed()
@@ -430,19 +424,10 @@ async fn a_confirm_on_a_connection_the_server_closed_goes_through() {
     let s = server().await;
     let sh = show("closed-idle");
     let (_, master) = slot_and_master(&sh).await;
-    let confirm = |token: String| {
-        let (s, sh) = (&s, &sh);
-        async move {
-            s.call(
-                "POST",
-                &format!("/v1/shows/{sh}/holds/{token}/confirm"),
-                None,
-            )
-            .await
-        }
-    };
     let first = s.hold(&sh, &["K1"]).await;
-    let (status, body) = confirm(first["holdToken"].as_str().expect("token").to_owned()).await;
+    let (status, body) = s
+        .confirm(&sh, first["holdToken"].as_str().expect("token"))
+        .await;
     assert_eq!(status, 200, "{body}");
 
     let set_timeout = |secs: u32| async move {
@@ -459,7 +444,9 @@ async fn a_confirm_on_a_connection_the_server_closed_goes_through() {
     set_timeout(0).await;
 
     let second = s.hold(&sh, &["K2"]).await;
-    let (status, body) = confirm(second["holdToken"].as_str().expect("token").to_owned()).await;
+    let (status, body) = s
+        .confirm(&sh, second["holdToken"].as_str().expect("token"))
+        .await;
     assert_eq!(status, 200, "{body}");
 }
 
