@@ -2090,3 +2090,62 @@ async fn hold_resent_by_the_daemon_after_a_lost_reply_is_not_a_replay() {
         "no attempt ran the hold's script before the kill"
     );
 }
+
+/// A resend whose path spells the same ids with other percent-encoding
+/// (`/v1/shows/4%32` for show `42`, as a proxy or client library may
+/// normalise a retry) is the same request: it replays. Before, the
+/// fingerprint hashed the path as sent, so the resend answered 422
+/// `idempotency_key_reused`.
+#[tokio::test]
+async fn a_resend_with_the_path_encoded_differently_replays() {
+    let _x = EXCLUSIVE.read().await;
+    let s = server_with(options()).await;
+    let sh = show("encoded");
+    let key = idem_key("encoded");
+    let body = json!({"seats": ["E7"]});
+    let first = send(
+        &s,
+        "POST",
+        &format!("/v1/shows/{sh}/holds"),
+        Some(body.clone()),
+        Some(&key),
+    )
+    .await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    // Every character of the show id percent-encoded.
+    let encoded: String = sh.bytes().map(|b| format!("%{b:02X}")).collect();
+    let again = send(
+        &s,
+        "POST",
+        &format!("/v1/shows/{encoded}/holds"),
+        Some(body),
+        Some(&key),
+    )
+    .await;
+    assert_eq!(again.status, 201, "{:?}", again.body);
+    assert!(again.replayed, "the resend is answered from the record");
+    assert_eq!(token_of(&again.body), token_of(&first.body));
+    // Seat ids and tokens are path ids too.
+    let token = token_of(&first.body);
+    let release_key = idem_key("encoded-release");
+    let released = send(
+        &s,
+        "DELETE",
+        &format!("/v1/shows/{sh}/holds/{token}"),
+        None,
+        Some(&release_key),
+    )
+    .await;
+    assert_eq!(released.status, 204);
+    let encoded_token = token.replace('-', "%2D");
+    let again = send(
+        &s,
+        "DELETE",
+        &format!("/v1/shows/{encoded}/holds/{encoded_token}"),
+        None,
+        Some(&release_key),
+    )
+    .await;
+    assert_eq!(again.status, 204, "{:?}", again.body);
+    assert!(again.replayed);
+}

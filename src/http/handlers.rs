@@ -38,7 +38,12 @@ pub(super) async fn serve(
     head: &Parts,
     body: &[u8],
 ) -> Result<Resp, Error> {
-    let req = Req { app, head, body };
+    let req = Req {
+        app,
+        route,
+        head,
+        body,
+    };
     match route {
         Route::MultiHold => Box::pin(multi_hold(&req)).await,
         Route::ShowHolds { show } => Box::pin(show_hold(&req, ShowId::parse(show)?)).await,
@@ -73,6 +78,7 @@ pub(super) async fn serve(
 /// One request, as the handlers see it.
 struct Req<'a> {
     app: &'a App,
+    route: Route<'a>,
     head: &'a Parts,
     body: &'a [u8],
 }
@@ -91,7 +97,7 @@ impl Req<'_> {
         Ok(Some(Idem::new(
             key,
             self.head.method.as_str(),
-            self.head.uri.path(),
+            &self.route.canonical(),
             self.body,
         )))
     }

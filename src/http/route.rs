@@ -171,6 +171,32 @@ impl<'p> Route<'p> {
         }
     }
 
+    /// The path with its ids decoded: what identifies the route and its
+    /// ids however the client percent-encoded them (`/v1/shows/4%32` is
+    /// `/v1/shows/42`), for an idempotency key's fingerprint.
+    pub fn canonical(&self) -> String {
+        let (first, second) = match *self {
+            Self::SeatHold { show, seat } | Self::Seat { show, seat } => (show, seat),
+            Self::Hold { show, token }
+            | Self::Extend { show, token }
+            | Self::Confirm { show, token } => (show, token),
+            Self::Pool { show, pool } => (show, pool),
+            _ => (self.show().unwrap_or(""), ""),
+        };
+        let mut path = String::with_capacity(64);
+        for (i, seg) in self.template().split('/').enumerate() {
+            if i > 0 {
+                path.push('/');
+            }
+            path.push_str(match seg {
+                "{show}" => first,
+                s if s.starts_with('{') => second,
+                s => s,
+            });
+        }
+        path
+    }
+
     /// The show named in the path, as sent (not yet validated).
     pub fn show(&self) -> Option<&'p str> {
         match *self {
@@ -318,6 +344,22 @@ mod tests {
         assert_eq!(Route::Readyz.allow_header(), "GET, HEAD");
         assert_eq!(Route::Metrics.allow_header(), "GET");
         assert_eq!(Route::MultiHold.allow_header(), "POST");
+    }
+
+    #[test]
+    fn canonical_paths_decode_ids_and_keep_the_template() {
+        for (sent, canonical) in [
+            ("/v1/shows/4%32/holds", "/v1/shows/42/holds"),
+            ("/v1/shows/42/seats/E%37/hold", "/v1/shows/42/seats/E7/hold"),
+            (
+                "/v1/shows/42/holds/a%2Db/confirm",
+                "/v1/shows/42/holds/a-b/confirm",
+            ),
+            ("/v1/shows/42/pools/fl%6For", "/v1/shows/42/pools/floor"),
+            ("/v1/%68olds", "/v1/holds"),
+        ] {
+            route(sent, |r| assert_eq!(r.canonical(), canonical, "{sent}"));
+        }
     }
 
     #[test]
