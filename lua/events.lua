@@ -7,41 +7,55 @@
 -- ARGV[2]  most entries to answer
 --
 -- Returns {1, entries, newest} with up to ARGV[2] entries after the cursor,
--- as XRANGE answers them, and the newest id the stream ever had; {0} when
--- entries after the cursor may have been trimmed away (the reader must
--- reload seat states and start over from the newest id). A stream that
--- does not exist has nothing after any cursor, and "0-0" as newest.
+-- as XRANGE answers them, and the id of the newest entry kept ("0-0" when
+-- none); {0} when the cursor cannot be resumed from exactly (the reader
+-- must reload seat states and start over from the newest id):
 --
--- Trimming (XADD MAXLEN ~) removes the oldest entries but does not move
--- XINFO's max-deleted-entry-id (only XDEL does, and hold.lua XDELs entries
--- it rewrites, which lost nothing). So a cursor is too old when the stream
--- has lost entries (entries-added > length) and the cursor is before its
--- first kept entry: the entry right after the cursor may be gone. A client
--- whose cursor is exactly the last trimmed entry gets 410 too, needlessly
--- but safely; a cursor at or after the first kept entry never does.
+-- - Entries after it may have been trimmed away. Trimming (XADD MAXLEN ~)
+--   removes the oldest entries but does not move XINFO's
+--   max-deleted-entry-id (only XDEL does, and hold.lua XDELs entries it
+--   rewrites, which lost nothing). So a cursor is too old when the stream
+--   has lost entries (entries-added > length) and the cursor is before its
+--   first kept entry: the entry right after the cursor may be gone. A
+--   client whose cursor is exactly the last trimmed entry gets 410 too,
+--   needlessly but safely.
+-- - It names no entry the stream has, though it is not before the first
+--   one: a failover lost it (the replica promoted never had it, nor the
+--   transitions before it that a seat map already shows), or the stream
+--   went with it. Every entry a reader can see stays until trimmed: the
+--   scripts XDEL only entries they wrote in the same run.
+-- A cursor before the first entry of a stream that lost none is resumed
+-- (everything kept follows it), and "0-0" is always: everything kept.
 local function older(a, b)
   local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
   local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
   ams, aseq, bms, bseq = tonumber(ams), tonumber(aseq), tonumber(bms), tonumber(bseq)
   return ams < bms or (ams == bms and aseq < bseq)
 end
+local cursor = ARGV[1]
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  return {1, {}, '0-0'}
-end
-local info = redis.call('XINFO', 'STREAM', KEYS[1])
-local newest, length, added, first = '0-0', 0, 0, nil
-for i = 1, #info, 2 do
-  local k, v = info[i], info[i + 1]
-  if k == 'last-generated-id' then newest = v
-  elseif k == 'length' then length = v
-  elseif k == 'entries-added' then added = v
-  elseif k == 'first-entry' and type(v) == 'table' then first = v[1]
-  end
-end
-if ARGV[1] == '$' then
-  return {1, {}, newest}
-end
-if ARGV[1] ~= '0-0' and added > length and older(ARGV[1], first or newest) then
+  if cursor == '$' or cursor == '0-0' then return {1, {}, '0-0'} end
   return {0}
 end
-return {1, redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2]), newest}
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+local length, added, first, newest = 0, 0, nil, '0-0'
+for i = 1, #info, 2 do
+  local k, v = info[i], info[i + 1]
+  if k == 'length' then length = v
+  elseif k == 'entries-added' then added = v
+  elseif k == 'first-entry' and type(v) == 'table' then first = v[1]
+  elseif k == 'last-entry' and type(v) == 'table' then newest = v[1]
+  end
+end
+if cursor == '$' then
+  return {1, {}, newest}
+end
+if cursor ~= '0-0' then
+  if not first then return {0} end
+  if older(cursor, first) then
+    if added > length then return {0} end
+  elseif #redis.call('XRANGE', KEYS[1], cursor, cursor) == 0 then
+    return {0}
+  end
+end
+return {1, redis.call('XRANGE', KEYS[1], '(' .. cursor, '+', 'COUNT', ARGV[2]), newest}

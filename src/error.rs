@@ -73,7 +73,7 @@ pub enum Error {
     InvalidIdempotencyKey,
     #[error("this Idempotency-Key was used for a different request")]
     IdempotencyKeyReused,
-    #[error("events after this cursor were already trimmed from the stream; reload the seat states and resume from the newest event")]
+    #[error("events after this cursor are no longer all in the stream (trimmed, or the cursor lost in a Redis failover); reload the seat states and resume from the newest event")]
     EventsExpired,
 }
 

@@ -267,7 +267,7 @@ fn describe() {
     );
     describe_counter!(
         EVENT_READER_GAPS,
-        "Times a show's event reader found events after its position trimmed away (cut off or behind)."
+        "Times a show's event reader could not go on from its position: events after it trimmed away (cut off or behind), or its position lost in a failover."
     );
     describe_counter!(
         SWEEP_FAILURES,

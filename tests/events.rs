@@ -212,6 +212,8 @@ impl Frame {
 struct Sse {
     frames: mpsc::UnboundedReceiver<(Instant, Frame)>,
     task: tokio::task::JoinHandle<()>,
+    /// The id of the opening frame: where the stream starts.
+    start: String,
 }
 
 impl Drop for Sse {
@@ -259,12 +261,20 @@ async fn sse(
             }
         }
     });
-    let mut sub = Sse { frames, task };
+    let mut sub = Sse {
+        frames,
+        task,
+        start: String::new(),
+    };
     let (_, first) = sub
         .next(Duration::from_secs(5))
         .await
         .expect("the opening comment");
     assert_eq!(first.comments, ["seathold events"], "{first:?}");
+    assert!(first.data.is_none() && first.event.is_none(), "{first:?}");
+    sub.start = first
+        .id
+        .expect("the opening frame names the stream's start as its id");
     (status, Some(sub))
 }
 
@@ -1438,6 +1448,83 @@ async fn cursor_older_than_the_stream_is_410() {
     );
     // "0-0" means "whatever is kept": never 410.
     assert_eq!(api.page(&sh, "after=0-0").await.0, 200);
+}
+
+/// A stream opens with its start position as an event id of no event
+/// (`id:` in the opening frame), so a client whose connection breaks
+/// before any event resumes from there: it gets what was written while it
+/// was away. Before, the opening frame had no id, and EventSource came back
+/// without `Last-Event-ID`, from whatever was newest then.
+#[tokio::test]
+async fn a_stream_broken_before_any_event_resumes_from_its_start() {
+    let _shared = common::shared().await;
+    let d = Daemon::start(&[]).await;
+    let api = Api::new(&d.base);
+    // A show without a stream yet starts at 0-0.
+    let sh = show("start");
+    let (_, sub) = sse(&d.base, &sh, "", None).await;
+    assert_eq!(sub.expect("subscribed").start, "0-0");
+    let first = api.hold(&sh, &["S0".to_owned()], LONG_TTL).await;
+    let (_, sub) = sse(&d.base, &sh, "", None).await;
+    let start = sub.expect("subscribed").start.clone();
+    assert_eq!(start, id_of_fence(fence(&first)), "the newest event");
+    // Gone before any event; one written meanwhile.
+    let missed = api.hold(&sh, &["S1".to_owned()], LONG_TTL).await;
+    let (status, sub) = sse(&d.base, &sh, "", Some(&start)).await;
+    assert_eq!(status, 200);
+    let mut sub = sub.expect("subscribed");
+    assert_eq!(sub.start, start);
+    let got = sub.take(1).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0]["holdRef"], json!(hold_ref(&missed)));
+}
+
+/// A cursor that names no event the stream has, though it is not before
+/// its first one, is 410 `events_expired`: after a failover the promoted
+/// replica may lack the last events a client saw (here deleted with XDEL,
+/// as the failover in `tests/exactly_once.rs` loses them for real), and a
+/// seat map that resumed after them would go on showing holds Redis no
+/// longer has. So is any cursor on a show without a stream, except 0-0. A
+/// cursor before the first event of a stream that lost none is resumed.
+#[tokio::test]
+async fn a_cursor_the_stream_does_not_have_is_410() {
+    let _shared = common::shared().await;
+    let d = Daemon::start(&[]).await;
+    let api = Api::new(&d.base);
+    let ks = seathold::keys::KeySpace::new("seat-hold:");
+    let sh = show("gone");
+    let made = holds(&api, &sh, "G", 3, LONG_TTL).await;
+    let ids: Vec<String> = made.iter().map(|h| id_of_fence(fence(h))).collect();
+    let mut r = common::redis().await;
+    let deleted: i64 = redis::cmd("XDEL")
+        .arg(ks.events(&sh))
+        .arg(&ids[1])
+        .query_async(&mut r)
+        .await
+        .expect("XDEL");
+    assert_eq!(deleted, 1);
+    let newest_ms = id_ms(&ids[2]);
+    let future = format!("{}-0", newest_ms + 60_000);
+    let nowhere = show("nowhere");
+    for (show, cursor) in [(&sh, &ids[1]), (&sh, &future), (&nowhere, &ids[0])] {
+        let (status, body) = api.page(show, &format!("after={cursor}")).await;
+        common::assert_error(status, &body, 410, "events_expired");
+        let (status, sub) = sse(&d.base, show, "", Some(cursor)).await;
+        assert_eq!(status, 410, "SSE from {cursor} of {show}");
+        assert!(sub.is_none());
+    }
+    // Kept cursors, and one before everything, resume.
+    let (status, page) = api.page(&sh, &format!("after={}", ids[0])).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["events"][0]["id"], json!(ids[2]));
+    // (Not on `sh`: its XDEL counts as lost entries, which makes every
+    // cursor before its first kept one 410, as trimming does.)
+    let whole = show("whole");
+    holds(&api, &whole, "W", 2, LONG_TTL).await;
+    let (status, page) = api.page(&whole, "after=1-0").await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["events"].as_array().map(Vec::len), Some(2));
+    assert_eq!(api.page(&nowhere, "after=0-0").await.0, 200);
 }
 
 /// A multi-show hold gives every show's `held` event one id, the largest;

@@ -1771,6 +1771,24 @@ async fn fence_never_repeats_across_a_failover_that_loses_writes() {
     })
     .await;
 
+    // A live seat map of the show, subscribed before the holds that the
+    // failover will lose.
+    let gaps = s.metric("seathold_event_reader_gaps_total").await;
+    let mut stream = s
+        .http
+        .get(format!("{}/v1/shows/{sh}/events", s.base))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("SSE");
+    assert_eq!(stream.status(), 200);
+    let (seen_tx, mut seen) = tokio::sync::watch::channel(String::new());
+    let subscriber = tokio::spawn(async move {
+        while let Ok(Some(chunk)) = stream.chunk().await {
+            seen_tx.send_modify(|text| text.push_str(&String::from_utf8_lossy(&chunk)));
+        }
+    });
+
     let mut restore = Restore {
         replica,
         master,
@@ -1794,6 +1812,14 @@ async fn fence_never_repeats_across_a_failover_that_loses_writes() {
         fences.push(fence_of(&s.hold(&sh, &[&format!("F{i}")]).await));
     }
     let last = *fences.iter().max().expect("fences");
+    let last_id = format!("{}-{}", last / 1000, last % 1000);
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        seen.wait_for(|text| text.contains(&format!("id: {last_id}\n"))),
+    )
+    .await
+    .expect("the subscriber saw the last hold's event")
+    .expect("subscriber");
     cluster().kill(master).expect("kill -9 the master");
     cluster().resume(replica).expect("SIGCONT the replica");
 
@@ -1881,6 +1907,26 @@ async fn fence_never_repeats_across_a_failover_that_loses_writes() {
         assert!(*f < JS_SAFE);
     }
     assert!(after.windows(2).all(|w| w[0] < w[1]), "{after:?}");
+
+    // The seat map saw `held` events that the promoted replica never had:
+    // its stream ends (the show's reader found its position gone), and its
+    // cursor answers 410, so that it reloads the seats instead of showing
+    // F1-F5 held forever. Before, the stream went on after the lost ids.
+    tokio::time::timeout(Duration::from_secs(10), subscriber)
+        .await
+        .expect("the subscriber's stream ended after the failover")
+        .expect("subscriber");
+    assert!(s.metric("seathold_event_reader_gaps_total").await > gaps);
+    let r = send(
+        &s,
+        "GET",
+        &format!("/v1/shows/{sh}/events?after={last_id}"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 410, "{r:?}");
+    assert_eq!(r.body["error"], "events_expired", "{r:?}");
 
     restore.armed = false;
     cluster()

@@ -245,11 +245,23 @@ impl Hub {
                     // XREAD after an id that was trimmed away answers from
                     // the oldest entry kept, silently: events written while
                     // this reader was cut off or behind (more than the cap)
-                    // would be lost to the view and the subscribers.
+                    // would be lost to the view and the subscribers. After
+                    // a failover, the new master may not have the reader's
+                    // last events at all: the transitions they told of were
+                    // undone, and later ids may even be below them (a new
+                    // master whose clock is behind).
                     if resumed || count >= self.gap_possible_at {
-                        match self.trimmed_after(&show, from).await {
+                        match self.lost_after(&show, from).await {
                             Ok(false) => {}
-                            Ok(true) => lost_events(&show, &feed),
+                            Ok(true) => {
+                                lost_events(&show, &feed);
+                                // Start over from the newest entry, as a
+                                // new reader: this reply may follow a
+                                // position the stream no longer has.
+                                last = None;
+                                resumed = false;
+                                continue;
+                            }
                             Err(err) => {
                                 tracing::debug!(%show, error = %err, "event reader failed; reconnecting");
                                 conn = None;
@@ -289,9 +301,10 @@ impl Hub {
         }
     }
 
-    /// Whether entries of `show`'s stream after `from` may have been
-    /// trimmed away (events.lua's rule for 410 `events_expired`).
-    async fn trimmed_after(&self, show: &ShowId, from: EventId) -> Result<bool, Error> {
+    /// Whether the reader cannot go on exactly from `from`: entries after
+    /// it may have been trimmed away, or the stream no longer has it (a
+    /// failover lost it). events.lua's rule for 410 `events_expired`.
+    async fn lost_after(&self, show: &ShowId, from: EventId) -> Result<bool, Error> {
         let deadline = self.cluster.deadline();
         match super::read(
             &self.cluster,
@@ -364,7 +377,7 @@ async fn back_off(backoff: &mut Duration) {
 /// knew, and its subscribers end their streams (their clients resume from
 /// their last ids, and get 410 if those are gone too).
 fn lost_events(show: &ShowId, feed: &Feed) {
-    tracing::warn!(%show, "events after the show's reader's position were trimmed before it read them; its seat view starts over and its event streams end");
+    tracing::warn!(%show, "the show's reader cannot go on from its position (events after it were trimmed before it read them, or a failover lost it); its seat view starts over and its event streams end");
     metrics::counter!(crate::metrics::EVENT_READER_GAPS).increment(1);
     if let Some(view) = feed.current_view() {
         view.forget();

@@ -120,8 +120,17 @@ async fn feed_client(
     let _subscribed = Subscribed::new();
     let mut cursor = start;
     let end = async {
-        // A comment first: the client sees the stream open at once.
-        send(&tx, Bytes::from_static(b": seathold events\n\n")).await?;
+        // A comment first: the client sees the stream open at once. With
+        // it, the position the stream starts from as an event id of no
+        // event: a client whose connection breaks before any event then
+        // resumes from there (EventSource sends the last id it was given),
+        // not from whatever is newest when it comes back, which would skip
+        // what was written meanwhile.
+        send(
+            &tx,
+            Bytes::from(format!(": seathold events\nid: {start}\n\n")),
+        )
+        .await?;
         let mut page = first;
         loop {
             let full = page.len() == PAGE;
