@@ -255,12 +255,17 @@ impl Hub {
                             Ok(false) => {}
                             Ok(true) => {
                                 lost_events(&show, &feed);
-                                // Start over from the newest entry, as a
-                                // new reader: this reply may follow a
-                                // position the stream no longer has.
-                                last = None;
-                                resumed = false;
-                                continue;
+                                // Entries in this reply are the first after
+                                // the gap: the view learns from them. None
+                                // may mean that the stream goes on below a
+                                // position it lost (a new master whose clock
+                                // is behind): start over from its newest
+                                // entry, as a new reader.
+                                if count == 0 {
+                                    last = None;
+                                    resumed = false;
+                                    continue;
+                                }
                             }
                             Err(err) => {
                                 tracing::debug!(%show, error = %err, "event reader failed; reconnecting");
