@@ -16,6 +16,8 @@
 -- ARGV[6]            the hold's public ref
 -- ARGV[7], ARGV[8]   P and H
 -- then E items of show i ("E7 @floor=2"), P quantities, H units of show h
+-- ARGV[#ARGV]        the fence of the record (hold or sale) the keys and
+--                    items were read from (lookup.lua)
 --
 -- A sale turns the hold's pool units sold (`held` down, `sold` up) and
 -- adds its units to the holder's bought count.
@@ -24,8 +26,10 @@
 -- "sold:<token>" without TTL (the hold record becomes the sale record);
 -- {2, fence} when this token's sale already happened (it then writes the
 -- sale record again, so that a WAIT after it has a write to count);
--- {0} when there is nothing to confirm. Nothing changes unless every seat
--- still carries the token. A confirm is idempotent by itself, so an
+-- {0} when there is nothing to confirm; {-7} when the record's fence is
+-- another (a PATCH changed the hold since it was read: the keys above may
+-- miss its seats and units; the daemon reads it again). Nothing changes
+-- unless every seat still carries the token. A confirm is idempotent by itself, so an
 -- idempotency record only remembers that this key confirmed this token: a
 -- replay confirms again (answer {2, fence}) and WAITs again, because a 200
 -- must still mean "replicated".
@@ -42,6 +46,7 @@ local ua = qa + P
 local record = redis.call('GET', KEYS[1])
 local fence = string.match(record or '', '^(%d+) ')
 if fence then
+  if fence ~= ARGV[#ARGV] then return {-7} end
   for i = 3, last do
     if redis.call('GET', KEYS[i]) ~= token then
       return {0}
@@ -79,6 +84,7 @@ end
 
 local sale = redis.call('GET', KEYS[2])
 if sale then
+  if (string.match(sale, '^(%d+) ') or '0') ~= ARGV[#ARGV] then return {-7} end
   for i = 3, last do
     if redis.call('GET', KEYS[i]) ~= sold then
       return {0}

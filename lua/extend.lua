@@ -17,9 +17,13 @@
 -- ARGV[8]            the hold's public ref
 -- ARGV[9], ARGV[10]  P and H
 -- then E items of show i ("E7 @floor=2"), P quantities, H units of show h
+-- ARGV[#ARGV]        the fence of the record the keys and items were read
+--                    from (lookup.lua)
 --
 -- Returns {1, fence, pttl_ms, now_ms} when extended; {0} when the token no
--- longer holds every seat (nothing changed); {-1, created_ms, now_ms} when
+-- longer holds every seat (nothing changed); {-7} when the record's fence
+-- is another (a PATCH changed the hold since it was read: the keys above
+-- may miss its seats; the daemon reads it again); {-1, created_ms, now_ms} when
 -- the new expiry would pass the lifetime cap (nothing changed); {-3, record,
 -- now_ms} when the idempotency record exists. Time is Redis's own clock.
 -- The daemon runs every extend under an idempotency key (its own when the
@@ -43,6 +47,9 @@ local record = redis.call('GET', KEYS[1])
 local fence, created = string.match(record or '', '^(%d+) (%d+) ')
 if not fence then
   return {0}
+end
+if fence ~= ARGV[#ARGV] then
+  return {-7}
 end
 for i = 2, last do
   if redis.call('GET', KEYS[i]) ~= ARGV[1] then

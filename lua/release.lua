@@ -15,6 +15,8 @@
 -- ARGV[6]            the hold's public ref
 -- ARGV[7], ARGV[8]   P and H
 -- then E items of show i ("E7 @floor=2"), P quantities, H units of show h
+-- ARGV[#ARGV]        the fence of the record the keys and items were read
+--                    from (lookup.lua)
 --
 -- A release always carries an idempotency record: the client's
 -- Idempotency-Key, or one of the daemon's own for this request, so that a
@@ -23,7 +25,9 @@
 --
 -- Returns 1 when the hold existed and is now gone, 0 when the token holds
 -- nothing (expired, released, confirmed, or never existed), {-3, record}
--- when the idempotency record exists. A seat whose value is no longer this
+-- when the idempotency record exists, -7 when the record's fence is another
+-- (a PATCH changed the hold since it was read: the keys above may miss its
+-- seats and units; the daemon reads it again). A seat whose value is no longer this
 -- token (expired and taken by someone else) is left alone.
 local E, P, H = tonumber(ARGV[4]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local idem = KEYS[#KEYS]
@@ -40,6 +44,9 @@ local record = redis.call('GET', KEYS[1])
 local fence = string.match(record or '', '^(%d+) ')
 if not fence then
   return 0
+end
+if fence ~= ARGV[#ARGV] then
+  return -7
 end
 for i = 2, last do
   if redis.call('GET', KEYS[i]) == ARGV[1] then

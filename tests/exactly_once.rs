@@ -1340,8 +1340,10 @@ async fn release_script_resent_after_a_lost_reply_answers_the_replay() {
         ks.idempotency(&sh, idem.key.as_str()),
     ];
     let release = Scripts::embedded().release;
+    let fence = fence_of(&hold);
     let args = |c: &mut redis::Cmd| {
-        // Events off (E, cap, ref), no pools (P), no holder (H).
+        // Events off (E, cap, ref), no pools (P), no holder (H), then the
+        // fence the lookup read.
         c.arg(&token)
             .arg(&idem.fingerprint)
             .arg(86_400_000)
@@ -1349,7 +1351,8 @@ async fn release_script_resent_after_a_lost_reply_answers_the_replay() {
             .arg(0)
             .arg("")
             .arg(0)
-            .arg(0);
+            .arg(0)
+            .arg(fence);
     };
 
     proxy.lose_next_reply();
@@ -1393,6 +1396,7 @@ async fn release_script_resent_after_a_lost_reply_answers_the_replay() {
         ks.seat(&sh, "L3"),
         ks.idempotency(&sh, internal.key.as_str()),
     ];
+    let fence2 = fence_of(&hold2);
     let args2 = |c: &mut redis::Cmd| {
         c.arg(&token2)
             .arg(&internal.fingerprint)
@@ -1401,7 +1405,8 @@ async fn release_script_resent_after_a_lost_reply_answers_the_replay() {
             .arg(0)
             .arg("")
             .arg(0)
-            .arg(0);
+            .arg(0)
+            .arg(fence2);
     };
     // The first connection died with its lost reply: a new one.
     let mut via_proxy = proxy.redis().await;
@@ -1535,7 +1540,8 @@ async fn extend_and_modify_resent_after_a_lost_reply_change_once() {
             .arg(&hold_ref)
             .arg(0)
             .arg(0)
-            .arg("X1");
+            .arg("X1")
+            .arg(fence_of(&hold));
     };
     let again =
         run_twice_losing_the_first_reply(master, &scripts.extend, &extend_keys, extend_args).await;
@@ -2194,4 +2200,131 @@ async fn a_resend_with_the_path_encoded_differently_replays() {
     .await;
     assert_eq!(again.status, 204, "{:?}", again.body);
     assert!(again.replayed);
+}
+
+/// A PATCH that runs between another change's lookup of the hold and its
+/// script (both queued behind a write pause of the master) is not half
+/// undone: the confirm sells the seat the PATCH added, the release frees
+/// it, the extend moves it. Each script checks the fence its lookup read,
+/// as modify.lua does, and the daemon looks again when it changed. Two
+/// instances, as behind a load balancer: one daemon's requests to a node
+/// share a connection, which the pause holds in order. Before,
+/// they acted on the seats they had looked up: E9 stayed held by a token
+/// whose record was gone (confirm, release), or kept its old expiry while
+/// the rest of the hold moved (extend).
+#[tokio::test]
+async fn a_change_racing_a_patch_acts_on_the_hold_as_patched() {
+    let _x = EXCLUSIVE.write().await;
+    let slow = || Options {
+        redis_timeout_ms: 3_000,
+        ..options()
+    };
+    let s = server_with(slow()).await;
+    let other = server_with(slow()).await;
+    for op in ["confirm", "release", "extend"] {
+        let sh = show(&format!("race-{op}"));
+        let hold = s.hold(&sh, &["E7"]).await;
+        let token = token_of(&hold);
+        let master = master_of(&sh).await;
+        common::pause_clients(master, 700, "WRITE").await;
+        let patch = {
+            let (http, base, path) = (
+                other.http.clone(),
+                other.base.clone(),
+                format!("/v1/shows/{sh}/holds/{token}"),
+            );
+            tokio::spawn(async move {
+                common::request_at(
+                    &http,
+                    &base,
+                    "PATCH",
+                    &path,
+                    Some(json!({"add": ["E9"]})),
+                    None,
+                )
+                .await
+                .status()
+                .as_u16()
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let change = match op {
+            "confirm" => {
+                send(
+                    &s,
+                    "POST",
+                    &format!("/v1/shows/{sh}/holds/{token}/confirm"),
+                    None,
+                    None,
+                )
+                .await
+            }
+            "release" => {
+                send(
+                    &s,
+                    "DELETE",
+                    &format!("/v1/shows/{sh}/holds/{token}"),
+                    None,
+                    None,
+                )
+                .await
+            }
+            _ => {
+                send(
+                    &s,
+                    "POST",
+                    &format!("/v1/shows/{sh}/holds/{token}/extend"),
+                    Some(json!({"ttlMs": 900_000})),
+                    None,
+                )
+                .await
+            }
+        };
+        assert_eq!(patch.await.expect("PATCH"), 200, "{op}: the PATCH");
+        let seat = |name: &str| keys().seat(&sh, name);
+        match op {
+            "confirm" => {
+                assert_eq!(change.status, 200, "{op}: {change:?}");
+                assert_eq!(
+                    change.body["seats"],
+                    json!(["E7", "E9"]),
+                    "{op}: {change:?}"
+                );
+                for name in ["E7", "E9"] {
+                    assert_eq!(
+                        get_opt(&seat(name)).await,
+                        Some(format!("sold:{token}")),
+                        "{op}: {name} sold"
+                    );
+                }
+                let again = send(
+                    &s,
+                    "POST",
+                    &format!("/v1/shows/{sh}/holds/{token}/confirm"),
+                    None,
+                    None,
+                )
+                .await;
+                assert_eq!(again.status, 200, "{op}: confirmed again: {again:?}");
+            }
+            "release" => {
+                assert_eq!(change.status, 204, "{op}: {change:?}");
+                for name in ["E7", "E9"] {
+                    assert_eq!(get_opt(&seat(name)).await, None, "{op}: {name} free");
+                }
+            }
+            _ => {
+                assert_eq!(change.status, 200, "{op}: {change:?}");
+                assert_eq!(
+                    change.body["seats"],
+                    json!(["E7", "E9"]),
+                    "{op}: {change:?}"
+                );
+                for name in ["E7", "E9"] {
+                    let left = pttl(&seat(name)).await;
+                    assert!(left > 800_000, "{op}: {name} extended ({left} ms left)");
+                }
+            }
+        }
+    }
 }

@@ -53,6 +53,12 @@ impl Service {
     }
 
     /// Sets the remaining time of hold `token` to `ttl_ms`.
+    ///
+    /// Extend, release and confirm act on the hold as read by its lookup;
+    /// their scripts refuse (-7) when the record's fence has changed since
+    /// (a PATCH came in between, and the keys read may miss its seats),
+    /// and the hold is read again, as [`Service::modify`] does. The
+    /// request's deadline bounds the rounds.
     pub async fn extend(
         &self,
         deadline: &Deadline,
@@ -62,11 +68,29 @@ impl Service {
         idem: Option<&Idem>,
     ) -> Result<Answer<Hold>, Error> {
         let ttl = self.ttl(ttl_ms)?;
+        loop {
+            if let Some(answer) = self.extend_once(deadline, show, &token, ttl, idem).await? {
+                return Ok(answer);
+            }
+        }
+    }
+
+    /// One round of [`Service::extend`]: `None` when the hold changed
+    /// between its lookup and the script.
+    async fn extend_once(
+        &self,
+        deadline: &Deadline,
+        show: &ShowId,
+        token: &HoldToken,
+        ttl: u64,
+        idem: Option<&Idem>,
+    ) -> Result<Option<Answer<Hold>>, Error> {
+        let token = token.clone();
         let lookup = self.lookup(deadline, show, &token, idem, false).await?;
         if let (Some(recorded), Some(idem)) = (lookup.recorded, idem) {
             let recorded = Recorded::parse(&recorded, idem)?;
             let hold = replay_extend(show, token, lookup.found, lookup.now_ms, &recorded)?;
-            return Ok(Answer::replayed(hold));
+            return Ok(Some(Answer::replayed(hold)));
         }
         let Found::Hold(rec) = lookup.found else {
             return Err(Error::HoldNotFound);
@@ -85,6 +109,7 @@ impl Service {
                     .arg(&run.idem.fingerprint)
                     .arg(run.ttl_ms);
                 tail.push(c);
+                c.arg(rec.fence);
             })
             .await?;
         if let Some((recorded, now)) = replay_of(&reply) {
@@ -98,7 +123,7 @@ impl Service {
                 count(m::EXTENDS, 1);
                 tail.count_events("extended");
             }
-            return Ok(Answer::replayed_under(hold, &run));
+            return Ok(Some(Answer::replayed_under(hold, &run)));
         }
         match ints(&reply).unwrap_or_default().as_slice() {
             [1, fence, pttl, now] => {
@@ -106,15 +131,16 @@ impl Service {
                 tail.count_events("extended");
                 let shows: Vec<ShowId> = rec.contents.by_show(show).into_keys().collect();
                 self.schedule_sweep(&shows, ttl);
-                Ok(Answer::fresh(Hold::new(
+                Ok(Some(Answer::fresh(Hold::new(
                     token,
                     show.clone(),
                     rec.contents,
                     *fence,
                     *pttl,
                     *now,
-                )))
+                ))))
             }
+            [-7] => Ok(None),
             [0] => Err(Error::HoldNotFound),
             [-1, created, now] => Err(Error::LifetimeExceeded {
                 max_ms: max,
@@ -128,6 +154,8 @@ impl Service {
 
     /// Releases hold `token`: its seats become free where they still carry
     /// it, its pool units go back.
+    /// Looks again when a PATCH changed the hold meanwhile (see
+    /// [`Service::extend`]).
     pub async fn release(
         &self,
         deadline: &Deadline,
@@ -135,17 +163,32 @@ impl Service {
         token: HoldToken,
         idem: Option<&Idem>,
     ) -> Result<Answer<()>, Error> {
-        let lookup = self.lookup(deadline, show, &token, idem, false).await?;
+        loop {
+            if let Some(answer) = self.release_once(deadline, show, &token, idem).await? {
+                return Ok(answer);
+            }
+        }
+    }
+
+    /// One round of [`Service::release`].
+    async fn release_once(
+        &self,
+        deadline: &Deadline,
+        show: &ShowId,
+        token: &HoldToken,
+        idem: Option<&Idem>,
+    ) -> Result<Option<Answer<()>>, Error> {
+        let lookup = self.lookup(deadline, show, token, idem, false).await?;
         if let (Some(recorded), Some(idem)) = (lookup.recorded, idem) {
             Recorded::parse(&recorded, idem)?;
-            return Ok(Answer::replayed(()));
+            return Ok(Some(Answer::replayed(())));
         }
         let Found::Hold(rec) = lookup.found else {
             return Err(Error::HoldNotFound);
         };
         let run = self.run_key(idem);
-        let tail = Tail::new(self, show, &rec.contents, &token, false);
-        let mut key_list = self.hold_keys(show, &token, &rec.contents, &tail);
+        let tail = Tail::new(self, show, &rec.contents, token, false);
+        let mut key_list = self.hold_keys(show, token, &rec.contents, &tail);
         key_list.push(self.keys.idempotency(show, run.idem.key.as_str()));
         let reply: Value = self
             .cluster
@@ -154,14 +197,16 @@ impl Service {
                     .arg(&run.idem.fingerprint)
                     .arg(run.ttl_ms);
                 tail.push(c);
+                c.arg(rec.fence);
             })
             .await?;
         match reply {
             Value::Int(1) => {
                 count(m::RELEASES, 1);
                 tail.count_events("released");
-                Ok(Answer::fresh(()))
+                Ok(Some(Answer::fresh(())))
             }
+            Value::Int(-7) => Ok(None),
             Value::Int(0) => Err(Error::HoldNotFound),
             Value::Array(reply) => {
                 let (recorded, _) = replay_of(&reply)
@@ -170,7 +215,7 @@ impl Service {
                 if run.own {
                     count(m::RELEASES, 1);
                 }
-                Ok(Answer::replayed_under((), &run))
+                Ok(Some(Answer::replayed_under((), &run)))
             }
             other => Err(Error::Internal(format!(
                 "unexpected reply of release.lua: {other:?}"
@@ -182,7 +227,8 @@ impl Service {
     /// [`crate::cluster::Cluster::eval_and_wait`]). A confirmed token
     /// confirms again with the same answer; so does a repeat under the same
     /// `idem`, which confirms and waits again, so that its 200 still means
-    /// "replicated".
+    /// "replicated". Looks again when a PATCH changed the hold meanwhile
+    /// (see [`Service::extend`]).
     pub async fn confirm(
         &self,
         deadline: &Deadline,
@@ -190,6 +236,22 @@ impl Service {
         token: HoldToken,
         idem: Option<&Idem>,
     ) -> Result<Answer<Confirmation>, Error> {
+        loop {
+            if let Some(answer) = self.confirm_once(deadline, show, &token, idem).await? {
+                return Ok(answer);
+            }
+        }
+    }
+
+    /// One round of [`Service::confirm`].
+    async fn confirm_once(
+        &self,
+        deadline: &Deadline,
+        show: &ShowId,
+        token: &HoldToken,
+        idem: Option<&Idem>,
+    ) -> Result<Option<Answer<Confirmation>>, Error> {
+        let token = token.clone();
         let lookup = self.lookup(deadline, show, &token, idem, true).await?;
         let replayed = match (lookup.recorded, idem) {
             (Some(recorded), Some(idem)) => {
@@ -223,9 +285,10 @@ impl Service {
                         .arg(fingerprint)
                         .arg(self.limits.idempotency_ttl_ms);
                     tail.push(c);
+                    c.arg(rec.fence);
                 },
-                // Nothing was sold when the hold is gone: no WAIT.
-                |reply: &Vec<i64>| (reply.first() != Some(&0)).then_some(wait),
+                // Nothing was sold when the hold is gone or changed: no WAIT.
+                |reply: &Vec<i64>| (!matches!(reply.first(), Some(0 | -7))).then_some(wait),
             )
             .await;
         // A failure is not recorded (API 1.1): the script may have recorded
@@ -242,6 +305,7 @@ impl Service {
         };
         let (first, fence) = match reply.as_slice() {
             [0] => return Err(Error::HoldNotFound),
+            [-7] => return Ok(None),
             [state @ (1 | 2), fence] => (*state == 1, *fence),
             other => {
                 return Err(Error::Internal(format!(
@@ -269,11 +333,11 @@ impl Service {
             }
             return Err(Error::NotReplicated(Box::new(confirmation)));
         }
-        Ok(if replayed {
+        Ok(Some(if replayed {
             Answer::replayed(confirmation)
         } else {
             Answer::fresh(confirmation)
-        })
+        }))
     }
 }
 
