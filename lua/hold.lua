@@ -225,11 +225,16 @@ local function available(j, now)
   return math.max(capacity - (tonumber(v[2]) or 0) - (tonumber(v[3]) or 0), 0)
 end
 
--- {limit, current} of the holder in show h; limit 0 means none.
+-- {limit, current} of the holder in show h; limit 0 means none. Either
+-- way its holds that expired leave its set, which otherwise only grows
+-- while the holder always has a live hold (a box office, a reseller).
 local function holder_count(h, now)
   local settings, holds, bought = KEYS[hk + 3 * h - 3], KEYS[hk + 3 * h - 2], KEYS[hk + 3 * h - 1]
   local limit = tonumber(redis.call('HGET', settings, 'maxPerHolder') or ARGV[14]) or 0
-  if limit == 0 then return 0, 0 end
+  if limit == 0 then
+    redis.call('ZREMRANGEBYSCORE', holds, '-inf', string.format('(%d', now))
+    return 0, 0
+  end
   prune(holds, now)
   local current = tonumber(redis.call('GET', bought) or '0') or 0
   for _, m in ipairs(redis.call('ZRANGE', holds, 0, -1)) do

@@ -1127,6 +1127,48 @@ async fn holder_sets_go_with_their_last_hold() {
     assert_eq!(pttl().await, -2, "the holder set outlived its holds");
 }
 
+/// A holder that always has a live hold (a box office, a reseller) keeps
+/// its set alive: each new hold of it drops the entries of its holds that
+/// expired, with or without a limit, so the set holds the live ones and
+/// those that expired since its last hold. Before, entries were pruned
+/// only while a limit applied, and without one the set kept every hold
+/// that holder ever made.
+#[tokio::test]
+async fn a_holder_that_always_holds_keeps_no_expired_entries() {
+    let _guard = common::shared().await;
+    let s = server_with(options()).await;
+    let api = Api::new(&s.base);
+    let sh = show("kiosk");
+    let key = format!("seat-hold:{{show:{sh}}}#holder:kiosk");
+    api.hold_ok(
+        &sh,
+        json!({"seats": ["K0"], "holder": "kiosk", "ttlMs": 600000}),
+    )
+    .await;
+    for i in 0..30 {
+        api.hold_ok(
+            &sh,
+            json!({"seats": [format!("S{i}")], "holder": "kiosk", "ttlMs": 100}),
+        )
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    api.hold_ok(
+        &sh,
+        json!({"seats": ["K1"], "holder": "kiosk", "ttlMs": 600000}),
+    )
+    .await;
+    let mut r = redis().await;
+    let entries: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut r)
+        .await
+        .expect("ZRANGE");
+    assert_eq!(entries.len(), 2, "only the two live holds: {entries:?}");
+}
+
 /// Capacity lowered below what is held: the holds stay valid, no new hold
 /// is granted, `available` stays at 0; raising it lets holds through.
 #[tokio::test]
