@@ -173,11 +173,15 @@ pub async fn run(
     // wire: give the connections accepted last a moment to be read.
     tokio::time::sleep(ACCEPTED_LAST_GRACE).await;
 
-    // Requests in flight end within the Redis timeout; the margin covers
-    // writing their responses.
+    // A request in flight ends within the body's read timeout (its Redis
+    // deadline starts once the body is in) plus the Redis timeout; the
+    // margin covers writing the response. Cut short, a hold's script may
+    // have run with no one to answer.
     // Event streams would hold their connections open forever: they end now.
     app.closing.send_replace(true);
-    let bound = Duration::from_millis(opts.redis_timeout_ms) + Duration::from_secs(1);
+    let bound = Duration::from_millis(opts.body_read_timeout_ms)
+        + Duration::from_millis(opts.redis_timeout_ms)
+        + Duration::from_secs(1);
     if tokio::time::timeout(bound, graceful.shutdown())
         .await
         .is_err()

@@ -722,3 +722,50 @@ async fn a_confirm_meeting_tryagain_is_retried_within_its_deadline() {
         .await
         .expect("cluster healthy");
 }
+
+/// A request whose head arrived during the drain and whose body takes
+/// most of `--body-read-timeout-ms` is still answered at shutdown: the
+/// wait for requests in flight covers reading the body and then Redis.
+/// Before, it was the Redis timeout plus 1 s (1.5 s here), and the
+/// connection was closed with no answer after the hold may have run.
+#[tokio::test]
+async fn a_request_whose_body_is_slow_is_answered_at_shutdown() {
+    let _shared = LOCK.read().await;
+    let mut d = Daemon::start(&[
+        "--shutdown-drain-ms",
+        "200",
+        "--redis-timeout-ms",
+        "500",
+        "--body-read-timeout-ms",
+        "4000",
+    ])
+    .await;
+    let addr = d.base.trim_start_matches("http://").to_owned();
+    let sh = show("slow-body");
+    let body = br#"{"ttlMs": 60000}"#;
+    let mut c = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    c.write_all(
+        format!(
+            "POST /v1/shows/{sh}/seats/S1/hold HTTP/1.1\r\nHost: x\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("head");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    d.signal("TERM");
+    // The body, a byte at a time over 2.5 s.
+    for b in body.iter() {
+        tokio::time::sleep(Duration::from_millis(2500 / body.len() as u64)).await;
+        c.write_all(&[*b]).await.expect("a byte of the body");
+    }
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 201"), "answer: {answer:?}");
+    assert_eq!(d.wait_exit(Duration::from_secs(8)).await, Some(0));
+}
