@@ -86,7 +86,8 @@ pub const MASTERS: &str = "seathold_redis_masters";
 pub const HTTP_IN_FLIGHT: &str = "seathold_http_requests_in_flight";
 /// Open HTTP connections.
 pub const HTTP_CONNECTIONS: &str = "seathold_http_connections";
-/// HTTP requests refused with 503 because the in-flight limit was reached.
+/// HTTP requests (and connections) refused with 503 at the in-flight limit
+/// (or the connection limit).
 pub const HTTP_OVERLOADED: &str = "seathold_http_overloaded_total";
 /// Latency of each Redis operation (one script run, or a WAIT), by `op`.
 pub const REDIS_DURATION: &str = "seathold_redis_command_duration_seconds";
@@ -246,7 +247,7 @@ fn describe() {
     describe_gauge!(HTTP_CONNECTIONS, "Open HTTP connections.");
     describe_counter!(
         HTTP_OVERLOADED,
-        "Requests refused with 503 at the in-flight limit."
+        "Requests refused with 503 at the in-flight limit, and connections refused at the connection limit."
     );
     describe_histogram!(
         REDIS_DURATION,

@@ -277,6 +277,7 @@ impl Accept<'_> {
             req.extensions_mut().insert(handle.clone());
             async move { Ok::<_, Infallible>(http::handle(app, req, peer).await) }
         });
+        let stream = WriteStall::new(stream, self.header_read_timeout);
         let conn = self
             .graceful
             .watch(builder.serve_connection(TokioIo::new(stream), service));
@@ -289,6 +290,103 @@ impl Accept<'_> {
                 () = disconnect.requested() => tracing::debug!(%peer, "connection closed by the server"),
             }
         });
+    }
+}
+
+/// A connection whose writes fail once the client has taken no byte for
+/// `limit`: hyper bounds how long a request's head may take, not how long
+/// an answer may wait for its client, and a client that sends requests
+/// but reads no answer would otherwise keep its connection (one of
+/// `--max-connections`) and what is buffered for it for as long as it
+/// likes. The same patience as for a request's head: a client that reads
+/// slowly but steadily is never cut off, only one that stopped.
+struct WriteStall {
+    stream: tokio::net::TcpStream,
+    limit: Duration,
+    /// Running while a write waits for the client.
+    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl WriteStall {
+    fn new(stream: tokio::net::TcpStream, limit: Duration) -> Self {
+        Self {
+            stream,
+            limit,
+            stalled: None,
+        }
+    }
+
+    /// What a write's `poll` answered, given how long it has waited.
+    fn bound<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        polled: std::task::Poll<std::io::Result<T>>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        use std::task::Poll;
+        if polled.is_ready() {
+            self.stalled = None;
+            return polled;
+        }
+        let limit = self.limit;
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client read nothing of the answer in time",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for WriteStall {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for WriteStall {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.bound(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.bound(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.stream).poll_flush(cx);
+        self.bound(cx, polled)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 
@@ -311,26 +409,67 @@ impl Drop for Open {
     }
 }
 
-/// Refuses a connection past `--max-connections` at once, without waiting
-/// for its request: one 503 `overloaded`, then close. The rest of what the
-/// client sent is read and dropped for a moment, so that closing does not
-/// reset the connection before the client has read the answer.
+/// Refuses a connection past `--max-connections`: one 503 `overloaded`,
+/// then close. Only the liveness probe (`GET` or `HEAD /healthz`) gets its
+/// 200 instead, so that an orchestrator does not restart an instance for
+/// being busy, which would only move its load; `/readyz` is refused, which
+/// takes the instance out of rotation while it is full. The request's
+/// first bytes are awaited briefly for that; the rest of what the client
+/// sent is read and dropped for a moment, so that closing does not reset
+/// the connection before the client has read the answer.
 async fn refuse(mut stream: tokio::net::TcpStream) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    static ANSWER: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
-    let answer = ANSWER.get_or_init(|| {
-        let err = crate::error::Error::Overloaded;
-        let body = serde_json::to_vec(&err.body()).unwrap_or_default();
+    static OVERLOADED: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    static ALIVE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    let answer = |status: &str, body: Vec<u8>, extra: &str| {
         let mut answer = format!(
-            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-             retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n{extra}\
+             connection: close\r\ncontent-length: {}\r\n\r\n",
             body.len()
         )
         .into_bytes();
         answer.extend(body);
         answer
-    });
-    if stream.write_all(answer).await.is_err() || stream.shutdown().await.is_err() {
+    };
+    let mut head = [0u8; 16];
+    let mut got = 0;
+    let _ = tokio::time::timeout(PROBE_WAIT, async {
+        while got < head.len() {
+            match stream.read(&mut head[got..]).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+    })
+    .await;
+    let head = &head[..got];
+    const PROBES: [&[u8]; 2] = [b"GET /healthz", b"HEAD /healthz"];
+    let probe = PROBES
+        .into_iter()
+        .find(|p| head.starts_with(p) && matches!(head.get(p.len()), Some(b' ' | b'?')));
+    let bytes = match probe {
+        Some(_) => ALIVE.get_or_init(|| {
+            let body = serde_json::to_vec(&crate::model::Health::up("ok")).unwrap_or_default();
+            answer("200 OK", body, "")
+        }),
+        None => OVERLOADED.get_or_init(|| {
+            let body =
+                serde_json::to_vec(&crate::error::Error::Overloaded.body()).unwrap_or_default();
+            answer("503 Service Unavailable", body, "retry-after: 1\r\n")
+        }),
+    };
+    // HEAD: the head without its body.
+    let bytes = match probe {
+        Some(p) if p.starts_with(b"HEAD") => {
+            let end = bytes
+                .windows(4)
+                .position(|w| w == b"\r\n\r\n")
+                .map_or(bytes.len(), |i| i + 4);
+            &bytes[..end]
+        }
+        _ => &bytes[..],
+    };
+    if stream.write_all(bytes).await.is_err() || stream.shutdown().await.is_err() {
         return;
     }
     let mut sink = [0u8; 1024];
@@ -339,6 +478,10 @@ async fn refuse(mut stream: tokio::net::TcpStream) {
     })
     .await;
 }
+
+/// How long a refused connection's first bytes are awaited, to tell a
+/// liveness probe.
+const PROBE_WAIT: Duration = Duration::from_millis(100);
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.
 pub async fn shutdown_signal() {

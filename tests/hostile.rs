@@ -154,6 +154,53 @@ async fn past_the_in_flight_limit_requests_get_a_clean_503() {
     );
 }
 
+/// A client that sends requests but reads none of the answers (here 60
+/// pipelined `GET /openapi.json`, more than the socket buffers take) is
+/// disconnected once the server could write nothing to it for
+/// `--header-read-timeout-ms`, rather than holding its connection, and
+/// the answers buffered for it, for as long as it likes. Before, nothing
+/// bounded a write: the connection stayed open until the client went away.
+#[tokio::test]
+async fn a_client_that_reads_no_answer_is_disconnected() {
+    let _shared = common::shared().await;
+    let mut opts = options();
+    opts.header_read_timeout_ms = 500;
+    let s = server_with(opts).await;
+    let one = s
+        .http
+        .get(format!("{}/openapi.json", s.base))
+        .send()
+        .await
+        .expect("openapi")
+        .bytes()
+        .await
+        .expect("body")
+        .len();
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let mut c = socket.connect(s.addr).await.expect("connect");
+    let n = 60;
+    let request = b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n".repeat(n);
+    c.write_all(&request).await.expect("requests");
+    // Reads nothing for 2 s, four times the bound.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 64 * 1024];
+    let closed = loop {
+        match tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(k)) => got += k,
+            Err(_) => break false,
+        }
+    };
+    assert!(closed, "the connection was closed");
+    assert!(
+        got < n * one,
+        "the server gave up on it: {got} of {} bytes written",
+        n * one
+    );
+}
+
 #[tokio::test]
 async fn past_the_connection_limit_a_new_connection_gets_503_and_is_closed() {
     let _shared = common::shared().await;
@@ -166,10 +213,23 @@ async fn past_the_connection_limit_a_new_connection_gets_503_and_is_closed() {
     let mut held = Vec::new();
     for _ in 0..6 {
         let mut c = TcpStream::connect(s.addr).await.expect("connect");
-        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        c.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
             .await
             .expect("write");
         held.push(c);
+    }
+    // The liveness probe is answered past the limit too: an overloaded
+    // instance is alive, and an orchestrator that restarted it would only
+    // move its load. Before, it got the 503 of every refused connection.
+    for probe in [
+        &b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"[..],
+        b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+    ] {
+        let mut c = TcpStream::connect(s.addr).await.expect("connect");
+        c.write_all(probe).await.expect("write");
+        let (answer, closed) = read_until_close(&mut c, Duration::from_secs(2)).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(closed, "closed after the answer");
     }
     let mut refused = 0;
     for c in &mut held {
