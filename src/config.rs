@@ -233,6 +233,15 @@ pub struct Options {
     )]
     pub sweep_scan_interval_ms: u64,
 
+    /// Most shows this instance reads the event stream of at once (for
+    /// their SSE subscribers and seat views), each over a Redis connection
+    /// of its own (XREAD BLOCK stalls a shared one). Past it, a stream of
+    /// one more show is refused with 503 `overloaded`, and a busy show gets
+    /// no seat view (Redis answers it). The events route needs no token: it
+    /// bounds what clients naming many shows cost the masters' connections.
+    #[arg(long, env = "SEATHOLD_MAX_EVENT_READERS", default_value_t = 1000)]
+    pub max_event_readers: usize,
+
     /// How often an event stream (SSE) without events sends a comment
     /// line, so that proxies keep it open.
     #[arg(long, env = "SEATHOLD_SSE_HEARTBEAT_MS", default_value_t = 15_000)]
@@ -417,8 +426,11 @@ impl Options {
                 self.confirm_wait_timeout_ms, self.redis_timeout_ms
             ));
         }
-        if self.max_in_flight == 0 || self.max_connections == 0 {
-            return fail("--max-in-flight and --max-connections must be at least 1".into());
+        if self.max_in_flight == 0 || self.max_connections == 0 || self.max_event_readers == 0 {
+            return fail(
+                "--max-in-flight, --max-connections and --max-event-readers must be at least 1"
+                    .into(),
+            );
         }
         if self.header_read_timeout_ms == 0 || self.body_read_timeout_ms == 0 {
             return fail(

@@ -59,6 +59,9 @@ pub const EVENT_DELIVERY: &str = "seathold_event_delivery_seconds";
 pub const VIEW_ANSWERS: &str = "seathold_view_answers_total";
 /// Shows whose stream this instance reads (one reader per show).
 pub const EVENT_READERS: &str = "seathold_event_readers";
+/// Shows refused a reader at `--max-event-readers` (an SSE stream answered
+/// 503, or a busy show left without a seat view).
+pub const EVENT_READERS_REFUSED: &str = "seathold_event_readers_refused_total";
 /// Subscribers disconnected because they fell too far behind.
 pub const EVENT_SUBSCRIBERS_DROPPED: &str = "seathold_event_subscribers_dropped_total";
 /// Times a show's reader found events after its position trimmed away
@@ -189,6 +192,10 @@ fn describe() {
         EVENT_READERS,
         "Shows whose stream this instance reads: one reader per show."
     );
+    describe_counter!(
+        EVENT_READERS_REFUSED,
+        "Shows refused a reader at --max-event-readers: an event stream answered 503, or a busy show left without a seat view."
+    );
     describe_counter!(RELEASES, "Holds released.");
     describe_counter!(POOL_UNITS_HELD, "Pool units in granted holds.");
     describe_counter!(
@@ -311,6 +318,7 @@ pub fn register_zeroes() {
         DIRECT_SCRIPTS,
         EVENT_SUBSCRIBERS_DROPPED,
         EVENT_READER_GAPS,
+        EVENT_READERS_REFUSED,
         SWEEP_FAILURES,
         POOL_UNITS_HELD,
         HOLDER_LIMIT_REJECTIONS,

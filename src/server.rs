@@ -68,6 +68,7 @@ pub fn app(opts: &Options) -> Result<Arc<App>, StartError> {
             keys.clone(),
             block,
             opts.events_max_len,
+            opts.max_event_readers,
         );
         crate::events::Events {
             sweeper: Sweeper::new(

@@ -1527,6 +1527,51 @@ async fn a_cursor_the_stream_does_not_have_is_410() {
     assert_eq!(api.page(&nowhere, "after=0-0").await.0, 200);
 }
 
+/// Each show an instance streams costs a Redis connection (its reader's
+/// XREAD BLOCK), and the events route needs no token: past
+/// `--max-event-readers` shows, a stream of one more show is refused with
+/// 503 `overloaded` (and counted), while more subscribers of a show already
+/// read cost nothing and are let in; a reader that ends frees its place.
+/// Before, every show named started a reader: a client naming thousands of
+/// shows opened thousands of connections to the masters.
+#[tokio::test]
+async fn streams_of_more_shows_than_the_reader_limit_are_refused() {
+    let _shared = common::shared().await;
+    let d = Daemon::start(&["--max-event-readers", "2"]).await;
+    let (a, b, c) = (show("cap-a"), show("cap-b"), show("cap-c"));
+    let (status, first) = sse(&d.base, &a, "", None).await;
+    assert_eq!(status, 200);
+    let (status, _second) = sse(&d.base, &b, "", None).await;
+    assert_eq!(status, 200);
+    let resp = reqwest::Client::new()
+        .get(format!("{}/v1/shows/{c}/events", d.base))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("SSE request");
+    let status = resp.status().as_u16();
+    let body: Value = resp.json().await.expect("a JSON error");
+    common::assert_error(status, &body, 503, "overloaded");
+    assert_eq!(metric(&d, "seathold_event_readers").await, 2.0);
+    assert_eq!(
+        metric(&d, "seathold_event_readers_refused_total").await,
+        1.0
+    );
+    // Another subscriber of a show read already.
+    let (status, _again) = sse(&d.base, &a, "", None).await;
+    assert_eq!(status, 200);
+    // Polling needs no reader.
+    let (status, _) = Api::new(&d.base).page(&c, "after=0-0").await;
+    assert_eq!(status, 200);
+    // `a`'s subscribers leave; its reader stops and `c` gets one.
+    drop(first);
+    drop(_again);
+    eventually(Duration::from_secs(10), "a place for show c", || async {
+        sse(&d.base, &c, "", None).await.0 == 200
+    })
+    .await;
+}
+
 /// A multi-show hold gives every show's `held` event one id, the largest;
 /// a stream whose event got a smaller id has it deleted and written again
 /// (XDEL). That loses nothing: a poller or subscriber whose cursor is before

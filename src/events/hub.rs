@@ -47,6 +47,8 @@ pub struct Hub {
     gap_possible_at: usize,
     /// Turns true at shutdown: every reader stops, views in use or not.
     closed: watch::Sender<bool>,
+    /// Most readers at once (`--max-event-readers`).
+    max_readers: usize,
 }
 
 /// What a show's reader sends its subscribers.
@@ -80,10 +82,17 @@ pub struct Feed {
 const VIEW_IDLE_MS: u64 = 30_000;
 
 impl Hub {
-    /// A hub whose readers block at most `block` per XREAD, of streams
-    /// capped at about `max_len` entries.
-    pub fn new(cluster: Arc<Cluster>, keys: KeySpace, block: Duration, max_len: u64) -> Arc<Self> {
+    /// A hub of at most `max_readers` readers, which block at most `block`
+    /// per XREAD, of streams capped at about `max_len` entries.
+    pub fn new(
+        cluster: Arc<Cluster>,
+        keys: KeySpace,
+        block: Duration,
+        max_len: u64,
+        max_readers: usize,
+    ) -> Arc<Self> {
         Arc::new(Self {
+            max_readers,
             cluster,
             keys,
             shows: Mutex::new(HashMap::new()),
@@ -101,8 +110,9 @@ impl Hub {
     }
 
     /// A subscription to `show`'s events, and its feed; starts the show's
-    /// reader when it has none.
-    pub fn subscribe(self: &Arc<Self>, show: &ShowId) -> (broadcast::Receiver<Live>, Feed) {
+    /// reader when it has none. `None` when it has none and the hub is at
+    /// its limit of readers.
+    pub fn subscribe(self: &Arc<Self>, show: &ShowId) -> Option<(broadcast::Receiver<Live>, Feed)> {
         // Subscribed under the hub's lock, before a new reader can look.
         self.feed(show, |feed| (feed.tx.subscribe(), feed.clone()))
     }
@@ -110,12 +120,13 @@ impl Hub {
     /// The seat view of `show`, kept current by the show's reader (started
     /// when it has none); with a view made just now, the reader's
     /// [`Feed::started`], which turns true once every event after the
-    /// reader's starting position will reach the view.
+    /// reader's starting position will reach the view. `None` when the show
+    /// has no reader and the hub is at its limit of readers.
     pub fn view(
         self: &Arc<Self>,
         show: &ShowId,
         max_lag_ms: u64,
-    ) -> (Arc<SeatView>, Option<watch::Receiver<bool>>) {
+    ) -> Option<(Arc<SeatView>, Option<watch::Receiver<bool>>)> {
         self.feed(show, |feed| {
             let mut view = feed
                 .view
@@ -138,11 +149,16 @@ impl Hub {
 
     /// Runs `with` on the feed of `show` under the hub's lock, so that what
     /// it attaches is there before the reader (started here when the show
-    /// has none) first checks for users.
-    fn feed<T>(self: &Arc<Self>, show: &ShowId, with: impl FnOnce(&Feed) -> T) -> T {
+    /// has none) first checks for users; `None` when a reader would have to
+    /// start and the hub is at its limit.
+    fn feed<T>(self: &Arc<Self>, show: &ShowId, with: impl FnOnce(&Feed) -> T) -> Option<T> {
         let mut shows = self.lock();
         if let Some(feed) = shows.get(show) {
-            return with(feed);
+            return Some(with(feed));
+        }
+        if shows.len() >= self.max_readers {
+            metrics::counter!(crate::metrics::EVENT_READERS_REFUSED).increment(1);
+            return None;
         }
         let (tx, _) = broadcast::channel(BUFFER);
         let (started_tx, started) = watch::channel(false);
@@ -158,7 +174,7 @@ impl Hub {
         let me = Arc::clone(self);
         let show = show.clone();
         tokio::spawn(async move { me.read(show, feed, started_tx).await });
-        answer
+        Some(answer)
     }
 
     /// Readers running (shows with subscribers on this instance).

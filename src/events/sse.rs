@@ -51,7 +51,7 @@ pub struct Subscription {
 /// Subscribes to `sub.show` from `cursor`. Fails (410 `events_expired`, or
 /// 503) before any byte is sent, so the status can still say so.
 pub async fn subscribe(events: &Events, sub: Subscription, cursor: Cursor) -> Result<Body, Error> {
-    let (live, feed) = events.hub.subscribe(&sub.show);
+    let (live, feed) = events.hub.subscribe(&sub.show).ok_or(Error::Overloaded)?;
     wait_started(&sub.cluster, feed).await?;
     let deadline = sub.cluster.deadline();
     let (first, newest) = read(&sub.cluster, &sub.keys, &deadline, &sub.show, cursor, PAGE).await?;

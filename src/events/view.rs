@@ -108,7 +108,7 @@ impl Views {
         if !busy {
             return None;
         }
-        let (view, started) = self.hub.view(show, self.max_lag_ms);
+        let (view, started) = self.hub.view(show, self.max_lag_ms)?;
         if let Some(started) = started {
             self.learn_live_holds(show, Arc::clone(&view), started);
         }
