@@ -406,6 +406,19 @@ async fn api_token_scope_writes_guards_every_write() {
             "unauthorized"
         );
     }
+    // The scheme is case-insensitive (RFC 9110): a client library that
+    // writes "bearer" is let in. Before, only "Bearer" was.
+    for (i, scheme) in ["bearer", "BEARER"].iter().enumerate() {
+        let r = s
+            .http
+            .post(&url)
+            .header("authorization", format!("{scheme} s3cret-token-for-tests"))
+            .json(&json!({"seats": [format!("C{i}")]}))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status().as_u16(), 201, "{scheme}");
+    }
     let r = s
         .http
         .post(&url)

@@ -109,15 +109,22 @@ impl App {
         if !guarded {
             return Ok(());
         }
+        // The scheme is case-insensitive (RFC 9110). The tokens are compared
+        // as SHA-256 digests: equal lengths, so that the time taken does not
+        // tell the token's length either.
         let given = headers
             .get(hyper::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or_default();
-        if bool::from(subtle::ConstantTimeEq::ct_eq(
-            given.as_bytes(),
-            expected.as_bytes(),
-        )) {
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map_or("", |(_, token)| token.trim_start_matches(' '));
+        let digest = |t: &str| <sha2::Sha256 as sha2::Digest>::digest(t.as_bytes());
+        if !given.is_empty()
+            && bool::from(subtle::ConstantTimeEq::ct_eq(
+                digest(given).as_slice(),
+                digest(expected).as_slice(),
+            ))
+        {
             Ok(())
         } else {
             Err(Error::Unauthorized)
