@@ -269,7 +269,14 @@ impl Accept<'_> {
         let mut builder = http1::Builder::new();
         builder
             .timer(TokioTimer::new())
-            .header_read_timeout(self.header_read_timeout);
+            .header_read_timeout(self.header_read_timeout)
+            // A head larger than this is refused with 431, and the read
+            // buffer stays that small. hyper's default (about 400 KB, and no
+            // limit on a head that arrives in one read) would let 8,192
+            // connections that send huge heads slowly hold 3.4 GB between
+            // them; our heads are small.
+            .max_header_size(MAX_HEAD_BYTES)
+            .max_buf_size(MAX_HEAD_BYTES);
         let app = Arc::clone(self.app);
         let disconnect = http::Disconnect::default();
         let handle = disconnect.clone();
@@ -479,6 +486,9 @@ async fn refuse(mut stream: tokio::net::TcpStream) {
     })
     .await;
 }
+
+/// The largest request head a connection reads (its read buffer).
+const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// How long a refused connection's first bytes are awaited, to tell a
 /// liveness probe.
