@@ -298,7 +298,7 @@ impl Service {
             Ok(answered) => answered,
             Err(err) => {
                 if let Some(idem) = recording {
-                    self.forget_idempotency(show, idem, false).await;
+                    self.forget_idempotency(show, idem, None).await;
                 }
                 return Err(err);
             }
@@ -329,7 +329,7 @@ impl Service {
             count(m::CONFIRMS_NOT_REPLICATED, 1);
             tracing::warn!(%show, replicas, wanted = wait.replicas, "confirm not replicated in time");
             if let Some(idem) = recording {
-                self.forget_idempotency(show, idem, true).await;
+                self.forget_idempotency(show, idem, Some(deadline)).await;
             }
             return Err(Error::NotReplicated(Box::new(confirmation)));
         }
@@ -346,25 +346,28 @@ impl Service {
     /// with a failure, so that the retry runs again as a fresh request
     /// (and records its own answer). Best effort: when Redis cannot be
     /// reached the record stays, and the retry, which confirms and waits
-    /// again anyway, is marked replayed. Awaited after a `WAIT` fell short
-    /// (Redis answers, and the retry must find no record); in the
-    /// background after a Redis failure, so that the 503 is not delayed by
-    /// a second wait on a Redis that did not answer.
-    async fn forget_idempotency(&self, show: &ShowId, idem: &Idem, now: bool) {
+    /// again anyway, is marked replayed. Awaited within the request's
+    /// `deadline` after a `WAIT` fell short (Redis answers, and the retry
+    /// must find no record; the WAIT left time for this); in the
+    /// background after a Redis failure (`None`), so that the 503 is not
+    /// delayed by a second wait on a Redis that did not answer.
+    async fn forget_idempotency(&self, show: &ShowId, idem: &Idem, deadline: Option<&Deadline>) {
         let key = self.keys.idempotency(show, idem.key.as_str());
         let cluster = std::sync::Arc::clone(&self.cluster);
         let show = show.clone();
+        let within = deadline.copied();
         let forget = async move {
             let del = async {
                 let mut conn = cluster.conn()?;
                 let () = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
                 Ok(())
             };
-            if let Err(err) = cluster.deadline().within(del).await {
+            let deadline = within.unwrap_or_else(|| cluster.deadline());
+            if let Err(err) = deadline.within(del).await {
                 tracing::warn!(%show, error = %err, "could not remove the idempotency record of a failed confirm");
             }
         };
-        if now {
+        if within.is_some() {
             forget.await;
         } else {
             tokio::spawn(forget);
