@@ -272,7 +272,8 @@ async fn turn_on_events(
         Err(err) => {
             disabled.set(true);
             tracing::warn!(%addr, error = %err,
-                "cannot turn on expired-key events on this master; seathold_hold_expiries_total will miss its expiries. \
+                "cannot turn on expired-key events on this master; expired events of other instances' holds on it come up to --sweep-scan-interval-ms late \
+                 (with --events off, seathold_hold_expiries_total misses its expiries). \
                  Set notify-keyspace-events to include E and x in redis.conf");
         }
     }

@@ -28,7 +28,7 @@ const SETTINGS: [Setting; 4] = [
                 Status::Fail
             }
         },
-        fix: "set notify-keyspace-events Ex in every node's redis.conf: expiries are counted from these events (seathold's own CONFIG SET at start is lost when a node restarts)",
+        fix: "set notify-keyspace-events Ex in every node's redis.conf: these events wake the sweeper for holds other instances made (without them their expired events come up to --sweep-scan-interval-ms late), and with --events off expiries are counted from them (seathold's own CONFIG SET at start is lost when a node restarts)",
     },
     Setting {
         name: "appendonly",
