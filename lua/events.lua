@@ -5,6 +5,9 @@
 -- ARGV[1]  cursor: the last id the reader has ("0-0" for everything still
 --          kept, never 410; "$" for nothing but the newest id)
 -- ARGV[2]  most entries to answer
+-- ARGV[3]  "1" when the cursor is an event the reader had from this stream
+--          (Last-Event-ID, a show reader's own position), "0" when it is a
+--          position (?after=, possibly made from a time)
 --
 -- Returns {1, entries, newest} with up to ARGV[2] entries after the cursor,
 -- as XRANGE answers them, and the id of the newest entry kept ("0-0" when
@@ -19,11 +22,12 @@
 --   first kept entry: the entry right after the cursor may be gone. A
 --   client whose cursor is exactly the last trimmed entry gets 410 too,
 --   needlessly but safely.
--- - It names no entry the stream has, though it is not before the first
---   one: a failover lost it (the replica promoted never had it, nor the
---   transitions before it that a seat map already shows), or the stream
---   went with it. Every entry a reader can see stays until trimmed: the
---   scripts XDEL only entries they wrote in the same run.
+-- - An event the reader had (ARGV[3] = "1") that the stream no longer
+--   has, though it is not before the first entry: a failover lost it (the
+--   replica promoted never had it, nor the transitions before it that a
+--   seat map already shows), or the stream went with it. Every entry a
+--   reader can see stays until trimmed: the scripts XDEL only entries they
+--   wrote in the same run.
 -- A cursor before the first entry of a stream that lost none is resumed
 -- (everything kept follows it), and "0-0" is always: everything kept.
 local function older(a, b)
@@ -32,10 +36,10 @@ local function older(a, b)
   ams, aseq, bms, bseq = tonumber(ams), tonumber(aseq), tonumber(bms), tonumber(bseq)
   return ams < bms or (ams == bms and aseq < bseq)
 end
-local cursor = ARGV[1]
+local cursor, exact = ARGV[1], ARGV[3] == '1'
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  if cursor == '$' or cursor == '0-0' then return {1, {}, '0-0'} end
-  return {0}
+  if exact and cursor ~= '0-0' then return {0} end
+  return {1, {}, '0-0'}
 end
 local info = redis.call('XINFO', 'STREAM', KEYS[1])
 local length, added, first, newest = 0, 0, nil, '0-0'
@@ -51,10 +55,13 @@ if cursor == '$' then
   return {1, {}, newest}
 end
 if cursor ~= '0-0' then
-  if not first then return {0} end
-  if older(cursor, first) then
+  if not first then
+    -- Every entry deleted (XDEL of entries no reader saw): an event a
+    -- reader had is gone.
+    if exact then return {0} end
+  elseif older(cursor, first) then
     if added > length then return {0} end
-  elseif #redis.call('XRANGE', KEYS[1], cursor, cursor) == 0 then
+  elseif exact and #redis.call('XRANGE', KEYS[1], cursor, cursor) == 0 then
     return {0}
   end
 end

@@ -59,8 +59,9 @@ pub const EVENT_DELIVERY: &str = "seathold_event_delivery_seconds";
 pub const VIEW_ANSWERS: &str = "seathold_view_answers_total";
 /// Shows whose stream this instance reads (one reader per show).
 pub const EVENT_READERS: &str = "seathold_event_readers";
-/// Shows refused a reader at `--max-event-readers` (an SSE stream answered
-/// 503, or a busy show left without a seat view).
+/// Requests that needed a new show reader past `--max-event-readers` (an
+/// SSE stream answered 503, or a read or refusal of a busy show answered
+/// by Redis instead of a seat view).
 pub const EVENT_READERS_REFUSED: &str = "seathold_event_readers_refused_total";
 /// Subscribers disconnected because they fell too far behind.
 pub const EVENT_SUBSCRIBERS_DROPPED: &str = "seathold_event_subscribers_dropped_total";
@@ -194,7 +195,7 @@ fn describe() {
     );
     describe_counter!(
         EVENT_READERS_REFUSED,
-        "Shows refused a reader at --max-event-readers: an event stream answered 503, or a busy show left without a seat view."
+        "Requests that needed a new show reader past --max-event-readers: an event stream answered 503, or a busy show's request answered by Redis instead of a seat view."
     );
     describe_counter!(RELEASES, "Holds released.");
     describe_counter!(POOL_UNITS_HELD, "Pool units in granted holds.");

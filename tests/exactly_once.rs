@@ -1923,16 +1923,15 @@ async fn fence_never_repeats_across_a_failover_that_loses_writes() {
         .expect("the subscriber's stream ended after the failover")
         .expect("subscriber");
     assert!(s.metric("seathold_event_reader_gaps_total").await > gaps);
-    let r = send(
-        &s,
-        "GET",
-        &format!("/v1/shows/{sh}/events?after={last_id}"),
-        None,
-        None,
-    )
-    .await;
-    assert_eq!(r.status, 410, "{r:?}");
-    assert_eq!(r.body["error"], "events_expired", "{r:?}");
+    let r = s
+        .http
+        .get(format!("{}/v1/shows/{sh}/events", s.base))
+        .header("accept", "text/event-stream")
+        .header("last-event-id", &last_id)
+        .send()
+        .await
+        .expect("SSE resumed");
+    assert_eq!(r.status().as_u16(), 410, "Last-Event-ID {last_id}");
 
     restore.armed = false;
     cluster()

@@ -278,6 +278,10 @@ impl Hub {
                                 // is behind): start over from its newest
                                 // entry, as a new reader.
                                 if count == 0 {
+                                    // Subscribers arriving meanwhile wait
+                                    // for the new position, as for a new
+                                    // reader's.
+                                    started.send_replace(false);
                                     last = None;
                                     resumed = false;
                                     continue;
@@ -332,7 +336,7 @@ impl Hub {
             &self.keys,
             &deadline,
             show,
-            Cursor::After(from),
+            Cursor::Resume(from),
             1,
         )
         .await

@@ -185,16 +185,24 @@ pub struct Page {
     pub next: String,
 }
 
-/// Where a reader starts: after a given event, or after the newest.
+/// Where a reader starts: after a given position, after an event it was
+/// given, or after the newest.
 #[derive(Debug, Clone, Copy)]
 pub enum Cursor {
+    /// After a position (`?after=`, possibly made from a time, `<ms>`): 410
+    /// only when events after it were trimmed away.
     After(EventId),
+    /// After an event this reader had from the stream (`Last-Event-ID`, a
+    /// show reader's own position): also 410 when the stream no longer has
+    /// it, though it is not older than the stream (a failover lost it, and
+    /// the transitions the reader saw up to it were undone).
+    Resume(EventId),
     Newest,
 }
 
 /// Reads up to `limit` events of `show` after `cursor`, and the stream's
 /// newest id: 410 `events_expired` when some after the cursor were trimmed
-/// away.
+/// away, or (`Cursor::Resume`) the stream no longer has the cursor's event.
 pub async fn read(
     cluster: &Cluster,
     keys: &KeySpace,
@@ -204,13 +212,14 @@ pub async fn read(
     limit: usize,
 ) -> Result<(Vec<Event>, EventId), Error> {
     let stream = [keys.events(show)];
-    let from = match cursor {
-        Cursor::After(id) => id.to_string(),
-        Cursor::Newest => "$".to_owned(),
+    let (from, exact) = match cursor {
+        Cursor::After(id) => (id.to_string(), "0"),
+        Cursor::Resume(id) => (id.to_string(), "1"),
+        Cursor::Newest => ("$".to_owned(), "0"),
     };
     let reply: Vec<Value> = cluster
         .eval(deadline, &cluster.scripts().events, &stream, |c| {
-            c.arg(&from).arg(limit);
+            c.arg(&from).arg(limit).arg(exact);
         })
         .await?;
     match reply.as_slice() {

@@ -56,7 +56,7 @@ pub async fn subscribe(events: &Events, sub: Subscription, cursor: Cursor) -> Re
     let deadline = sub.cluster.deadline();
     let (first, newest) = read(&sub.cluster, &sub.keys, &deadline, &sub.show, cursor, PAGE).await?;
     let start = match cursor {
-        Cursor::After(id) => id,
+        Cursor::After(id) | Cursor::Resume(id) => id,
         Cursor::Newest => newest,
     };
     let (tx, rx) = mpsc::channel::<Bytes>(CLIENT_BUFFER);

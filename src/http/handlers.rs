@@ -342,6 +342,16 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
         Some(v) => Some(parse_id(v.to_str().unwrap_or_default())?),
         None => None,
     };
+    // `Last-Event-ID` names an event this client had from the stream: one
+    // the stream no longer has (a failover lost it) cannot be resumed from
+    // either. `?after=` is a position, which may be made from a time.
+    let cursor_of = |id: EventId| {
+        if last_event_id.is_some() {
+            Cursor::Resume(id)
+        } else {
+            Cursor::After(id)
+        }
+    };
     let after = last_event_id.or(after_param);
     // Checked for both forms, though only a page uses it.
     let limit = match param("limit") {
@@ -371,7 +381,7 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
             closing: req.app.closing.subscribe(),
             disconnect: req.head.extensions.get::<super::Disconnect>().cloned(),
         };
-        let body = sse::subscribe(events, sub, after.map_or(Cursor::Newest, Cursor::After)).await?;
+        let body = sse::subscribe(events, sub, after.map_or(Cursor::Newest, cursor_of)).await?;
         let mut resp = hyper::Response::new(body);
         let headers = resp.headers_mut();
         headers.insert(
@@ -386,7 +396,7 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
         headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
         return Ok(resp);
     }
-    let cursor = Cursor::After(after.unwrap_or(EventId::ZERO));
+    let cursor = after.map_or(Cursor::After(EventId::ZERO), cursor_of);
     let (page, newest) = read(cluster, keys, &req.deadline(), &show, cursor, limit).await?;
     let next = match (page.last(), after) {
         (Some(last), _) => last.id.clone(),
