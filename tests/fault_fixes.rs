@@ -340,7 +340,9 @@ async fn a_direct_connection_that_times_out_is_dropped_and_replaced() {
     s.hold(&sh, &["A1"]).await;
     let topology_changes = s.metric("seathold_topology_changes_total").await;
 
-    common::pause_clients(master, 1500, "WRITE").await;
+    // Long enough that three holds of 300 ms each fit in it on a loaded
+    // machine.
+    common::pause_clients(master, 3000, "WRITE").await;
     let paused = Instant::now();
     let mut fewest = f64::MAX;
     for i in 0..3 {
@@ -354,11 +356,14 @@ async fn a_direct_connection_that_times_out_is_dropped_and_replaced() {
         let took = sent.elapsed();
         assert_eq!(status, 503, "hold during the pause: {body}");
         assert_eq!(body["error"], "redis_unavailable");
-        assert!(took < Duration::from_millis(700), "answered after {took:?}");
+        assert!(
+            took < Duration::from_millis(1300),
+            "answered after {took:?}"
+        );
         fewest = fewest.min(s.metric(DIRECT).await);
     }
     assert!(
-        paused.elapsed() < Duration::from_millis(1400),
+        paused.elapsed() < Duration::from_millis(2900),
         "still paused"
     );
     assert!(
@@ -367,13 +372,14 @@ async fn a_direct_connection_that_times_out_is_dropped_and_replaced() {
     );
 
     // Right after the pause a hold succeeds, with no topology change.
-    tokio::time::sleep(Duration::from_millis(1500).saturating_sub(paused.elapsed())).await;
+    tokio::time::sleep(Duration::from_millis(3000).saturating_sub(paused.elapsed())).await;
     let after = Instant::now();
     let (status, body) = s
         .post(&format!("/v1/shows/{sh}/holds"), json!({"seats": ["Q1"]}))
         .await;
     assert_eq!(status, 201, "first hold after the pause: {body}");
-    assert!(after.elapsed() < Duration::from_millis(300));
+    // Within the deadline: not after a reconnection's back-off.
+    assert!(after.elapsed() < Duration::from_millis(1000));
     s.wait_metric(DIRECT, 3.0, Duration::from_secs(3)).await;
     assert_eq!(
         s.metric("seathold_topology_changes_total").await,
