@@ -343,13 +343,7 @@ async fn an_event_reader_whose_reads_are_refused_backs_off() {
     let before = rejected_xrevrange().await;
     // The subscription waits for its reader's first read, which never
     // succeeds: 503 after the request's deadline (--redis-timeout-ms, 2 s).
-    let r = s
-        .http
-        .get(format!("{}/v1/shows/{}/events", s.base, show("noxrev")))
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .expect("send");
+    let r = s.events_stream(&show("noxrev"), None).await;
     assert_eq!(r.status().as_u16(), 503, "{:?}", r.text().await);
     let refused = rejected_xrevrange().await - before;
     // 50 + 100 + 200 + 400 + 800 ms of pauses fit in 2 s: about 6 tries.
@@ -416,13 +410,7 @@ async fn a_reader_that_missed_trimmed_events_starts_over() {
     })
     .await;
     // A live subscriber.
-    let mut events = s
-        .http
-        .get(format!("{}/v1/shows/{sh}/events", s.base))
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .expect("SSE");
+    let mut events = s.events_stream(&sh, None).await;
     assert_eq!(events.status().as_u16(), 200);
     let ended = tokio::spawn(async move { while let Ok(Some(_)) = events.chunk().await {} });
 

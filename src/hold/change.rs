@@ -68,11 +68,7 @@ impl Service {
         idem: Option<&Idem>,
     ) -> Result<Answer<Hold>, Error> {
         let ttl = self.ttl(ttl_ms)?;
-        loop {
-            if let Some(answer) = self.extend_once(deadline, show, &token, ttl, idem).await? {
-                return Ok(answer);
-            }
-        }
+        until_unchanged(|| self.extend_once(deadline, show, &token, ttl, idem)).await
     }
 
     /// One round of [`Service::extend`]: `None` when the hold changed
@@ -163,11 +159,7 @@ impl Service {
         token: HoldToken,
         idem: Option<&Idem>,
     ) -> Result<Answer<()>, Error> {
-        loop {
-            if let Some(answer) = self.release_once(deadline, show, &token, idem).await? {
-                return Ok(answer);
-            }
-        }
+        until_unchanged(|| self.release_once(deadline, show, &token, idem)).await
     }
 
     /// One round of [`Service::release`].
@@ -236,11 +228,7 @@ impl Service {
         token: HoldToken,
         idem: Option<&Idem>,
     ) -> Result<Answer<Confirmation>, Error> {
-        loop {
-            if let Some(answer) = self.confirm_once(deadline, show, &token, idem).await? {
-                return Ok(answer);
-            }
-        }
+        until_unchanged(|| self.confirm_once(deadline, show, &token, idem)).await
     }
 
     /// One round of [`Service::confirm`].
@@ -371,6 +359,22 @@ impl Service {
             forget.await;
         } else {
             tokio::spawn(forget);
+        }
+    }
+}
+
+/// Runs `round` (read the hold, then change it in a script that checks the
+/// fence it read) until a round answers: `None` means a concurrent change
+/// came between the read and the script. Every round's Redis work is bound
+/// by the request's deadline, which ends the rounds.
+pub(super) async fn until_unchanged<T, F, Fut>(mut round: F) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, Error>>,
+{
+    loop {
+        if let Some(answer) = round().await? {
+            return Ok(answer);
         }
     }
 }

@@ -42,14 +42,8 @@ impl Service {
         change: Change,
         idem: Option<&Idem>,
     ) -> Result<Answer<Hold>, Error> {
-        loop {
-            if let Some(answer) = self
-                .modify_once(deadline, show, &token, &change, idem)
-                .await?
-            {
-                return Ok(answer);
-            }
-        }
+        super::change::until_unchanged(|| self.modify_once(deadline, show, &token, &change, idem))
+            .await
     }
 
     /// One attempt of [`Service::modify`]: `None` when the hold changed

@@ -167,6 +167,23 @@ impl TestServer {
         series(&self.metrics().await, name)
     }
 
+    /// Opens `GET /v1/shows/{show}/events` as an event stream (SSE), resumed
+    /// after `last_event_id` when given; answers the response as it came.
+    pub async fn events_stream(
+        &self,
+        show: &str,
+        last_event_id: Option<&str>,
+    ) -> reqwest::Response {
+        let mut req = self
+            .http
+            .get(format!("{}/v1/shows/{show}/events", self.base))
+            .header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            req = req.header("last-event-id", id);
+        }
+        req.send().await.expect("an event-stream request")
+    }
+
     /// Waits until the series `name` reaches at least `value`.
     pub async fn wait_metric(&self, name: &str, value: f64, limit: Duration) {
         eventually(limit, &format!("{name} >= {value}"), || async {
