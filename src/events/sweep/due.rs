@@ -21,6 +21,14 @@ const SWEEP_SOON: Duration = Duration::from_millis(50);
 /// that does not answer, all [`PARALLEL`](super::PARALLEL) sweeps waited on it while the
 /// other masters' expiries waited for a free place.
 pub(super) const PAUSE_FIRST: Duration = Duration::from_millis(250);
+
+/// The most sweeps of one master in flight at once. A master that stops
+/// answering (a stopped process, lost packets) is paused only once its
+/// first sweep fails, after the Redis timeout: until then its due shows,
+/// during an on-sale hundreds, would take every one of the
+/// [`PARALLEL`](super::PARALLEL) places, and the other masters' expiries
+/// would wait the whole timeout for one.
+pub(super) const PER_MASTER: usize = super::PARALLEL / 2;
 pub(super) const PAUSE_MAX: Duration = Duration::from_secs(2);
 
 /// How long a hold this instance expired is remembered: Redis's expiry
@@ -97,6 +105,16 @@ pub(super) struct Due {
     expired: Recent,
     /// Masters whose last sweep failed, by address.
     paused: HashMap<Arc<str>, Paused>,
+    /// Per master: its sweeps in flight, and its due shows that wait for
+    /// one of them to end (it has [`PER_MASTER`] in flight).
+    on_master: HashMap<Arc<str>, OnMaster>,
+}
+
+/// The sweeps of one master in flight, and its shows waiting for a place.
+#[derive(Default)]
+struct OnMaster {
+    running: usize,
+    waiting: Vec<ShowId>,
 }
 
 /// The sweeps of a master whose last sweep failed.
@@ -220,6 +238,12 @@ impl Due {
                 }
                 paused.probe = Some(show.clone());
             }
+            let on = self.on_master.entry(Arc::clone(&master)).or_default();
+            if on.running >= PER_MASTER {
+                on.waiting.push(show);
+                continue;
+            }
+            on.running += 1;
             self.running.insert(show.clone(), Meanwhile::default());
             shows.push((show, master));
         }
@@ -257,6 +281,7 @@ impl Due {
         now: Instant,
     ) -> Option<PauseChange> {
         let meanwhile = self.running.remove(show).unwrap_or_default();
+        self.place_freed(master, now);
         let Swept::Done { next, holds } = swept else {
             // What Redis said meanwhile is still to do: the show stays due.
             return self.failed(show, master, now);
@@ -303,6 +328,22 @@ impl Due {
         }
     }
 
+    /// A sweep of `master` ended: one of its shows waiting for a place is
+    /// due now.
+    fn place_freed(&mut self, master: &Arc<str>, now: Instant) {
+        let Some(on) = self.on_master.get_mut(master) else {
+            return;
+        };
+        on.running = on.running.saturating_sub(1);
+        let next = on.waiting.pop();
+        if on.running == 0 && on.waiting.is_empty() {
+            self.on_master.remove(master);
+        }
+        if let Some(show) = next {
+            self.set(&show, now, true);
+        }
+    }
+
     /// Ends a pause: its parked shows are due now.
     fn resume(&mut self, paused: Paused, now: Instant) -> PauseChange {
         let parked = paused.parked.len();
@@ -325,6 +366,17 @@ impl Due {
             if let Some(paused) = self.paused.remove(addr) {
                 self.resume(paused, now);
             }
+        }
+        // Shows waiting for a place on a node that is no master now are
+        // due at once (on their new master); its sweeps in flight still end.
+        let mut woken = Vec::new();
+        for (addr, on) in &mut self.on_master {
+            if !masters.iter().any(|m| m.as_str() == &**addr) {
+                woken.append(&mut on.waiting);
+            }
+        }
+        for show in woken {
+            self.set(&show, now, true);
         }
         gone.len()
     }
@@ -354,6 +406,7 @@ impl Due {
         self.by_show.len()
             + self.running.len()
             + self.paused.values().map(|p| p.parked.len()).sum::<usize>()
+            + self.on_master.values().map(|o| o.waiting.len()).sum::<usize>()
     }
 }
 
@@ -455,6 +508,53 @@ mod tests {
         // It forgets after REMEMBER to twice that.
         let later = now + REMEMBER * 2 + Duration::from_millis(10);
         assert!(due.record_expired(&show("a"), 7, later));
+    }
+
+    /// A master that does not answer takes at most PER_MASTER of the sweeps
+    /// in flight, however many of its shows are due first: the others'
+    /// shows still start, and their expiries are not late by the hung
+    /// master's timeout. Its other due shows wait for one of its sweeps to
+    /// end, and one starts as each ends.
+    #[test]
+    fn one_master_takes_at_most_its_share_of_the_sweeps() {
+        let now = Instant::now();
+        let ms = |n: u64| now + Duration::from_millis(n);
+        let mut due = Due::default();
+        // 200 shows of master "x" due first, then 100 of "m".
+        for i in 0..200 {
+            due.set(&show(&format!("x{i}")), ms(0), false);
+        }
+        for i in 0..100 {
+            due.set(&show(&format!("m{i}")), ms(1), false);
+        }
+        let first = due.start(ms(5), 256, two_masters);
+        let on_x = first.iter().filter(|(_, m)| &**m == "x").count();
+        assert_eq!(on_x, PER_MASTER, "x's share");
+        assert_eq!(first.len() - on_x, 100, "every show of m starts");
+        assert_eq!(due.len(), 300);
+        // Nothing more starts while x's sweeps run: no busy loop.
+        assert!(due.start(ms(6), 256, two_masters).is_empty());
+        assert_eq!(due.first(), None);
+        // One of x's sweeps ends: one of its waiting shows is due now.
+        let (done_x, _) = first.iter().find(|(_, m)| &**m == "x").cloned().expect("x");
+        let swept = Swept::Done {
+            next: None,
+            holds: vec![],
+        };
+        assert_eq!(due.finish(&done_x, &Arc::from("x"), swept, ms(7)), None);
+        assert_eq!(due.first(), Some(ms(7)));
+        let next = due.start(ms(7), 256, two_masters);
+        assert_eq!(next.len(), 1);
+        assert_eq!(&*next[0].1, "x");
+        assert_eq!(due.len(), 299);
+        // A failed sweep frees its place too (its show is parked by the
+        // pause), and the slot map dropping x wakes every waiting show.
+        assert_eq!(
+            due.finish(&next[0].0, &Arc::from("x"), Swept::Failed, ms(8)),
+            Some(PauseChange::Paused)
+        );
+        due.masters_changed(&["m".to_owned()], ms(9));
+        assert_eq!(due.waiting(), 200 - PER_MASTER - 2 + 1 + 1);
     }
 
     #[test]
