@@ -991,6 +991,21 @@ async fn patch_a_hold() {
         .await;
     assert_error(status, &body, 422, "idempotency_key_reused");
 
+    // After another change of the hold, a repeat still answers the first
+    // outcome (its seats, pools and fence), only its expiry current: before,
+    // it paired the hold's seats of now with the first outcome's fence.
+    let (status, later) = api.patch(&path, json!({"remove": ["E11"]})).await;
+    assert_eq!(status, 200, "{later}");
+    let (status, again, replayed) = api
+        .send("PATCH", &path, Some(change.clone()), Some("patch-1"))
+        .await;
+    assert_eq!((status, replayed), (200, true), "{again}");
+    for f in ["holdToken", "seats", "pools", "fence", "expiresAt"] {
+        assert_eq!(again[f], first[f], "{f} after a later change");
+    }
+    let (status, undo) = api.patch(&path, json!({"add": ["E11"]})).await;
+    assert_eq!(status, 200, "{undo}");
+
     // The released hold's token is stale too, and its units came back.
     let (status, _) = api.call("DELETE", &path, None).await;
     assert_eq!(status, 204);

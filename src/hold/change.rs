@@ -390,14 +390,13 @@ pub(super) fn replay_extend(
 ) -> Result<Hold, Error> {
     let (fence, at) = (recorded.int(0)?, recorded.int(1)?);
     let unreadable = || Error::Internal("unreadable idempotency record of an extend".into());
-    let (contents, pttl) = match found {
-        Found::Hold(rec) => (rec.contents, rec.pttl),
-        _ => {
-            let kind = recorded.fields.get(2).ok_or_else(unreadable)?;
-            let contents =
-                Contents::decode(kind, &recorded.rest(3), show).ok_or_else(unreadable)?;
-            (contents, (at - now_ms).max(0))
-        }
+    // The recorded seats and pools, which go with the recorded fence, even
+    // when the hold changed again since; only the expiry is current.
+    let kind = recorded.fields.get(2).ok_or_else(unreadable)?;
+    let contents = Contents::decode(kind, &recorded.rest(3), show).ok_or_else(unreadable)?;
+    let pttl = match found {
+        Found::Hold(rec) => rec.pttl,
+        _ => (at - now_ms).max(0),
     };
     Ok(Hold::new(
         token,

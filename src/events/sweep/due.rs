@@ -406,7 +406,11 @@ impl Due {
         self.by_show.len()
             + self.running.len()
             + self.paused.values().map(|p| p.parked.len()).sum::<usize>()
-            + self.on_master.values().map(|o| o.waiting.len()).sum::<usize>()
+            + self
+                .on_master
+                .values()
+                .map(|o| o.waiting.len())
+                .sum::<usize>()
     }
 }
 
