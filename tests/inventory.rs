@@ -973,13 +973,20 @@ async fn patch_a_hold() {
     assert_eq!((status, replayed), (200, false), "{first}");
     assert_eq!(first["seats"], json!(["E8", "E9", "E11"]));
     assert_eq!(api.pool(&sh, "floor").await, (10, 6, 0, 4));
-    let (status, again, replayed) = api
-        .send("PATCH", &path, Some(change.clone()), Some("patch-1"))
-        .await;
-    assert_eq!((status, replayed), (200, true), "{again}");
-    for f in ["holdToken", "seats", "pools", "fence", "expiresAt"] {
-        assert_eq!(again[f], first[f], "{f}");
-    }
+    // A repeat: replayed, with the first outcome.
+    let repeat = |when: &'static str| {
+        let (api, path, change, first) = (&api, &path, &change, &first);
+        async move {
+            let (status, again, replayed) = api
+                .send("PATCH", path, Some(change.clone()), Some("patch-1"))
+                .await;
+            assert_eq!((status, replayed), (200, true), "{when}: {again}");
+            for f in ["holdToken", "seats", "pools", "fence", "expiresAt"] {
+                assert_eq!(again[f], first[f], "{f} {when}");
+            }
+        }
+    };
+    repeat("at once").await;
     assert_eq!(api.pool(&sh, "floor").await, (10, 6, 0, 4));
     let (status, body, _) = api
         .send(
@@ -996,13 +1003,7 @@ async fn patch_a_hold() {
     // it paired the hold's seats of now with the first outcome's fence.
     let (status, later) = api.patch(&path, json!({"remove": ["E11"]})).await;
     assert_eq!(status, 200, "{later}");
-    let (status, again, replayed) = api
-        .send("PATCH", &path, Some(change.clone()), Some("patch-1"))
-        .await;
-    assert_eq!((status, replayed), (200, true), "{again}");
-    for f in ["holdToken", "seats", "pools", "fence", "expiresAt"] {
-        assert_eq!(again[f], first[f], "{f} after a later change");
-    }
+    repeat("after a later change").await;
     let (status, undo) = api.patch(&path, json!({"add": ["E11"]})).await;
     assert_eq!(status, 200, "{undo}");
 
