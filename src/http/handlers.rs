@@ -345,13 +345,9 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
     // `Last-Event-ID` names an event this client had from the stream: one
     // the stream no longer has (a failover lost it) cannot be resumed from
     // either. `?after=` is a position, which may be made from a time.
-    let cursor_of = |id: EventId| {
-        if last_event_id.is_some() {
-            Cursor::Resume(id)
-        } else {
-            Cursor::After(id)
-        }
-    };
+    let cursor = last_event_id
+        .map(Cursor::Resume)
+        .or(after_param.map(Cursor::After));
     let after = last_event_id.or(after_param);
     // Checked for both forms, though only a page uses it.
     let limit = match param("limit") {
@@ -381,7 +377,7 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
             closing: req.app.closing.subscribe(),
             disconnect: req.head.extensions.get::<super::Disconnect>().cloned(),
         };
-        let body = sse::subscribe(events, sub, after.map_or(Cursor::Newest, cursor_of)).await?;
+        let body = sse::subscribe(events, sub, cursor.unwrap_or(Cursor::Newest)).await?;
         let mut resp = hyper::Response::new(body);
         let headers = resp.headers_mut();
         headers.insert(
@@ -396,7 +392,7 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
         headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
         return Ok(resp);
     }
-    let cursor = after.map_or(Cursor::After(EventId::ZERO), cursor_of);
+    let cursor = cursor.unwrap_or(Cursor::After(EventId::ZERO));
     let (page, newest) = read(cluster, keys, &req.deadline(), &show, cursor, limit).await?;
     let next = match (page.last(), after) {
         (Some(last), _) => last.id.clone(),
