@@ -69,11 +69,16 @@ async fn hold_read_extend_release() {
         ext["expiresInMs"].as_i64().is_some_and(|v| v > 119_000),
         "{ext}"
     );
-    let pttl: i64 = r
-        .pttl(format!("seat-hold:{{show:{sh}}}:E7"))
-        .await
-        .expect("pttl");
-    assert!(pttl > 119_000, "extend reaches the seats: {pttl}");
+    // Every seat and the hold record get the new expiry, not only the
+    // first seat.
+    for key in [
+        format!("seat-hold:{{show:{sh}}}:E7"),
+        format!("seat-hold:{{show:{sh}}}:E8"),
+        format!("seat-hold:{{show:{sh}}}#hold:{t}"),
+    ] {
+        let pttl: i64 = r.pttl(&key).await.expect("pttl");
+        assert!(pttl > 119_000, "extend reaches {key}: {pttl}");
+    }
 
     let (status, seat) = s.get(&format!("/v1/shows/{sh}/seats/E7")).await;
     assert_eq!(status, 200);
@@ -527,34 +532,37 @@ async fn fence_strictly_increases_per_show() {
 async fn extend_past_lifetime_cap_is_refused_and_changes_nothing() {
     let _shared = common::shared().await;
     let mut opts = common::options();
-    opts.max_hold_lifetime_ms = 3_000;
-    opts.max_ttl_ms = 3_000;
-    opts.default_ttl_ms = 2_000;
+    opts.max_hold_lifetime_ms = 6_000;
+    opts.max_ttl_ms = 6_000;
+    opts.default_ttl_ms = 3_000;
     let s = server_with(opts).await;
     let sh = show("cap");
     let hold = s.hold(&sh, &["L1"]).await;
     let t = token(&hold);
-    let (status, body) = s.extend(&sh, &t, 2500).await;
+    // Within the cap as long as it lands within 1.5 s of the hold.
+    let (status, body) = s.extend(&sh, &t, 4_500).await;
     assert_eq!(status, 200, "within the cap: {body}");
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    let (_, before) = s.get(&format!("/v1/shows/{sh}/holds/{t}")).await;
-    let (status, body) = s.extend(&sh, &t, 2500).await;
+    tokio::time::sleep(Duration::from_millis(1_800)).await;
+    let seat = format!("seat-hold:{{show:{sh}}}:L1");
+    let record = format!("seat-hold:{{show:{sh}}}#hold:{t}");
+    // Absolute expiries: unlike PTTL, they do not fall by themselves.
+    let mut r = redis().await;
+    let before = (
+        expire_time(&mut r, &seat).await,
+        expire_time(&mut r, &record).await,
+    );
+    assert!(before.0 > 0 && before.1 > 0, "{before:?}");
+    // 1.8 s + 4.5 s from the hold is past the 6 s cap.
+    let (status, body) = s.extend(&sh, &t, 4_500).await;
     assert_eq!(status, 422, "{body}");
     assert_eq!(body["error"], "lifetime_exceeded");
-    let (_, after) = s.get(&format!("/v1/shows/{sh}/holds/{t}")).await;
-    let (b, a) = (
-        before["expiresInMs"].as_i64().expect("b"),
-        after["expiresInMs"].as_i64().expect("a"),
+    let after = (
+        expire_time(&mut r, &seat).await,
+        expire_time(&mut r, &record).await,
     );
-    assert!(a <= b, "the refused extend changed the TTL: {b} -> {a}");
-    let pttl: i64 = redis()
-        .await
-        .pttl(format!("seat-hold:{{show:{sh}}}:L1"))
-        .await
-        .expect("pttl");
-    assert!(pttl <= b, "seat TTL unchanged: {pttl}");
+    assert_eq!(before, after, "the refused extend changed an expiry");
     // Over --max-ttl-ms is a 400, not a 422.
-    let (status, body) = s.extend(&sh, &t, 3001).await;
+    let (status, body) = s.extend(&sh, &t, 6_001).await;
     common::assert_error(status, &body, 400, "invalid_ttl");
 }
 
@@ -635,7 +643,9 @@ async fn confirm_reports_missing_replication_honestly() {
     let _shared = common::shared().await;
     let mut opts = common::options();
     opts.confirm_wait_replicas = 3; // each master has one replica
-    opts.confirm_wait_timeout_ms = 200;
+                                    // Long enough for the one replica's acknowledgement on a busy machine;
+                                    // the WAIT for 3 times out all the same.
+    opts.confirm_wait_timeout_ms = 1_000;
     let s = server_with(opts).await;
     let sh = show("norepl");
     let t = token(&s.hold(&sh, &["N1"]).await);
@@ -1371,4 +1381,46 @@ async fn reads_give_the_exact_expiry() {
         assert_eq!(status, 200, "{read}");
         assert_eq!(read["expiresAt"], hold["expiresAt"], "{read} vs {hold}");
     }
+}
+
+/// An extend keeps the whole hold: after the TTL it was made with has run
+/// out, the hold and every one of its seats are still there, and the seats
+/// still refuse another customer.
+#[tokio::test]
+async fn an_extended_hold_outlives_its_first_ttl_whole() {
+    let _shared = common::shared().await;
+    let s = server().await;
+    let sh = show("extwhole");
+    let (status, hold) = s
+        .post(
+            &format!("/v1/shows/{sh}/holds"),
+            json!({"seats": ["A1", "A2", "A3"], "ttlMs": 1000}),
+        )
+        .await;
+    assert_eq!(status, 201, "{hold}");
+    let t = token(&hold);
+    let (status, ext) = s.extend(&sh, &t, 10_000).await;
+    assert_eq!(status, 200, "{ext}");
+    assert_eq!(ext["seats"], json!(["A1", "A2", "A3"]), "{ext}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let (status, read) = s.get(&format!("/v1/shows/{sh}/holds/{t}")).await;
+    assert_eq!(status, 200, "the record outlives the first TTL: {read}");
+    assert_eq!(read["seats"], json!(["A1", "A2", "A3"]));
+    for seat in ["A1", "A2", "A3"] {
+        let (status, state) = s.get(&format!("/v1/shows/{sh}/seats/{seat}")).await;
+        assert_eq!(status, 200, "{state}");
+        assert_eq!(state["state"], "held", "{seat}: {state}");
+    }
+    let (status, other) = s
+        .post(
+            &format!("/v1/shows/{sh}/holds"),
+            json!({"seats": ["A3"], "ttlMs": 5000}),
+        )
+        .await;
+    common::assert_error(status, &other, 409, "seats_taken");
+    let (status, body) = s
+        .call("DELETE", &format!("/v1/shows/{sh}/holds/{t}"), None)
+        .await;
+    assert_eq!(status, 204, "{body}");
 }
