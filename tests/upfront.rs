@@ -26,10 +26,13 @@ const BACKGROUND: [&str; 2] = ["cluster|slots", "cluster|info"];
 const REPLICATION: [&str; 1] = ["replconf"];
 
 /// A server whose background sends nothing but its readiness probe: expiry
-/// subscriptions and direct connections up, no keep-alive pings.
+/// subscriptions and direct connections up, no keep-alive pings, and
+/// events off (each subscription that starts asks the sweeper for a scan of
+/// every master, which could land inside a measured window).
 async fn quiet_server() -> TestServer {
     let mut opts = common::options();
     opts.expiry_ping_interval_ms = 3_600_000;
+    opts.events = seathold::config::Switch::Off;
     let s = common::server_with(opts).await;
     s.wait_metric(
         "seathold_expiry_subscriptions",
