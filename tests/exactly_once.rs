@@ -980,6 +980,17 @@ async fn key_reuse_is_422_and_invalid_keys_are_400() {
             format!("/v1/shows/{sh}/holds/{token}/confirm"),
             None,
         ),
+        (
+            "PATCH",
+            format!("/v1/shows/{sh}/holds/{token}"),
+            Some(json!({"add": ["A4"]})),
+        ),
+        // The multi-show route: its home show is the first seat's.
+        (
+            "POST",
+            "/v1/holds".to_owned(),
+            Some(json!({"seats": [{"show": sh, "seat": "A2"}]})),
+        ),
     ] {
         let r = send(&s, method, &p, body, Some(&key)).await;
         assert_eq!(r.status, 422, "{method} {p}: {r:?}");
@@ -987,7 +998,7 @@ async fn key_reuse_is_422_and_invalid_keys_are_400() {
         assert!(r.body["message"].is_string());
         assert!(!r.replayed);
     }
-    for seat in ["A2", "A3"] {
+    for seat in ["A2", "A3", "A4"] {
         assert_eq!(seat_state(&s, &sh, seat).await["state"], "free", "{seat}");
     }
     // The hold is untouched: not extended, released or confirmed.
@@ -1027,6 +1038,16 @@ async fn key_reuse_is_422_and_invalid_keys_are_400() {
                 "POST",
                 format!("/v1/shows/{sh}/holds/{token}/confirm"),
                 None,
+            ),
+            (
+                "PATCH",
+                format!("/v1/shows/{sh}/holds/{token}"),
+                Some(json!({"add": ["C1"]})),
+            ),
+            (
+                "POST",
+                "/v1/holds".to_owned(),
+                Some(json!({"seats": [{"show": sh, "seat": "C1"}]})),
             ),
         ] {
             let mut req = s
@@ -1107,6 +1128,71 @@ async fn failures_are_not_recorded() {
         assert_eq!((r.status, r.replayed), (404, false), "{r:?}");
     }
     assert_eq!(get_opt(&keys().idempotency(&sh, &rkey)).await, None);
+}
+
+/// `POST /v1/holds` under a key: a retry answers the same hold, marked
+/// replayed, and writes nothing; the record lives under the home show (the
+/// first seat's), so the same key is free for a hold whose first seat is
+/// of the other show; another request under the key is 422.
+#[tokio::test]
+async fn multi_show_hold_replays_under_its_home_show() {
+    let _r = EXCLUSIVE.read().await;
+    let s = server_with(options()).await;
+    let a = show("multi-key");
+    let ks = keys();
+    let slot = ks.show_slot(&a);
+    let b = (0..400_000)
+        .map(|i| format!("{a}-{i}"))
+        .find(|b| ks.show_slot(b) == slot)
+        .expect("a show in the same slot");
+    let key = idem_key("multi");
+    let body =
+        json!({"seats": [{"show": a, "seat": "E1"}, {"show": b, "seat": "E1"}], "ttlMs": 60000});
+    let first = send(&s, "POST", "/v1/holds", Some(body.clone()), Some(&key)).await;
+    assert_eq!((first.status, first.replayed), (201, false), "{first:?}");
+    assert_eq!(first.body["show"], json!(a), "{first:?}");
+    assert!(get_opt(&ks.idempotency(&a, &key)).await.is_some());
+    assert_eq!(get_opt(&ks.idempotency(&b, &key)).await, None);
+
+    let events_before = events_of(&a, "held").await + events_of(&b, "held").await;
+    let again = send(&s, "POST", "/v1/holds", Some(body), Some(&key)).await;
+    assert_eq!((again.status, again.replayed), (201, true), "{again:?}");
+    for field in ["holdToken", "fence", "seats", "show"] {
+        assert_eq!(again.body[field], first.body[field], "{field}");
+    }
+    let left = again.body["expiresInMs"].as_i64().expect("expiresInMs");
+    assert!((1..=60_000).contains(&left), "{again:?}");
+    assert_eq!(
+        events_of(&a, "held").await + events_of(&b, "held").await,
+        events_before,
+        "a replay writes no event"
+    );
+
+    // Another request under the key, home show a: 422, nothing held.
+    let other = send(
+        &s,
+        "POST",
+        "/v1/holds",
+        Some(json!({"seats": [{"show": a, "seat": "E2"}, {"show": b, "seat": "E2"}]})),
+        Some(&key),
+    )
+    .await;
+    assert_eq!(other.status, 422, "{other:?}");
+    assert_eq!(other.body["error"], "idempotency_key_reused");
+    assert_eq!(seat_state(&s, &a, "E2").await["state"], "free");
+    assert_eq!(seat_state(&s, &b, "E2").await["state"], "free");
+
+    // Home show b: another scope, a fresh hold.
+    let scoped = send(
+        &s,
+        "POST",
+        "/v1/holds",
+        Some(json!({"seats": [{"show": b, "seat": "E3"}, {"show": a, "seat": "E3"}]})),
+        Some(&key),
+    )
+    .await;
+    assert_eq!((scoped.status, scoped.replayed), (201, false), "{scoped:?}");
+    assert_ne!(scoped.body["holdToken"], first.body["holdToken"]);
 }
 
 /// Two daemons on one cluster share the records: the second answers the
