@@ -3,7 +3,8 @@
 --
 -- KEYS[1]  the show's deadline index: "<ref> <fence> <seats>" scored with
 --          the hold's expiry (ms, Redis's clock); hold.lua and extend.lua
---          add to it, release.lua, confirm.lua and abandon.lua remove. A
+--          add to it, modify.lua replaces a hold's entry, release.lua,
+--          confirm.lua and abandon.lua remove. A
 --          hold of several shows also has "<ref> > <index key>" in each,
 --          its link to the next show's index, with the same score
 -- KEYS[2]  the show's event stream

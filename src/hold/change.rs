@@ -116,8 +116,12 @@ impl Service {
             let now = now.unwrap_or(lookup.now_ms);
             let hold = replay_extend(show, token, Found::Nothing, now, &recorded)?;
             if run.own {
+                // The first run's answer: counted and swept as it would
+                // have been.
                 count(m::EXTENDS, 1);
                 tail.count_events("extended");
+                let shows: Vec<ShowId> = rec.contents.by_show(show).into_keys().collect();
+                self.schedule_sweep(&shows, ttl);
             }
             return Ok(Some(Answer::replayed_under(hold, &run)));
         }
@@ -205,7 +209,9 @@ impl Service {
                     .ok_or_else(|| Error::Internal("unexpected reply of release.lua".into()))?;
                 Recorded::parse(&recorded, &run.idem)?;
                 if run.own {
+                    // The first run's answer: counted as it would have been.
                     count(m::RELEASES, 1);
+                    tail.count_events("released");
                 }
                 Ok(Some(Answer::replayed_under((), &run)))
             }
