@@ -45,9 +45,14 @@ async fn dev_command(dev: seathold::config::DevOptions) -> Result<(), StartError
     server::dev(dev, server::shutdown_signal()).await
 }
 
-/// Prints the report on stdout; 1 when a check failed.
-async fn doctor_command(opts: Options) -> ExitCode {
+/// Prints the report on stdout; 1 when a check failed, 2 for settings
+/// that `serve` would refuse (the doctor checks what `serve` would run).
+async fn doctor_command(mut opts: Options) -> ExitCode {
     if let Err(err) = seathold::logging::init(opts.log_format, &opts.log) {
+        return config_error(err.into());
+    }
+    opts.settle();
+    if let Err(err) = opts.validate() {
         return config_error(err.into());
     }
     match seathold::doctor::run(&opts).await {

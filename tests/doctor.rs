@@ -248,8 +248,6 @@ fn a_badly_set_cluster_gets_a_line_for_each_problem_and_exit_1() {
     );
     assert!(report.contains("~elsewhere:*"), "{report}");
     assert_eq!(keys(&cluster), 0, "the scratch keys are gone");
-
-    assert_eq!(keys(&cluster), 0, "the scratch keys are gone");
 }
 
 #[test]
@@ -263,4 +261,21 @@ fn no_cluster_is_a_failed_check_and_no_seed_a_config_error() {
     let (code, report) = doctor(&[]);
     assert_eq!(code, Some(2), "{report}");
     assert!(report.contains("no Redis seed nodes"), "{report}");
+
+    // Settings `serve` refuses are a configuration error here too, before
+    // any check: the doctor vouches for what `serve` would run.
+    for bad in [
+        &["--key-prefix", "a{b}:"][..],
+        &[
+            "--confirm-wait-timeout-ms",
+            "5000",
+            "--redis-timeout-ms",
+            "2000",
+        ][..],
+    ] {
+        let args = [&["--redis-nodes", "redis://127.0.0.1:1"][..], bad].concat();
+        let (code, report) = doctor(&args);
+        assert_eq!(code, Some(2), "{bad:?}: {report}");
+        assert!(!report.contains("FAIL"), "{bad:?}: no check ran: {report}");
+    }
 }
