@@ -1482,6 +1482,46 @@ async fn a_stream_broken_before_any_event_resumes_from_its_start() {
     assert_eq!(got[0]["holdRef"], json!(hold_ref(&missed)));
 }
 
+/// A stream opened `?after=` a position that is no event (a client may make
+/// one from a time) announces, when nothing follows the position yet, the
+/// newest event before it (or 0-0) as its start: resuming from that event
+/// misses nothing and is checked exactly like any `Last-Event-ID`. Before,
+/// it announced the position itself, and a client whose connection broke
+/// before any event came back with a `Last-Event-ID` that names no event:
+/// 410, and a seat map reloaded for nothing.
+#[tokio::test]
+async fn a_stream_opened_after_a_position_resumes_after_a_break() {
+    let _shared = common::shared().await;
+    let d = Daemon::start(&[]).await;
+    let api = Api::new(&d.base);
+    let sh = show("after-pos");
+    let made = holds(&api, &sh, "P", 2, LONG_TTL).await;
+    let mut ids: Vec<String> = made.iter().map(|h| id_of_fence(fence(h))).collect();
+    ids.sort_by_key(|id| id_key(id));
+    // A position after both events, before anything newer: no event.
+    let position = format!("{}-999", id_ms(&ids[1]));
+    assert_ne!(position, ids[1]);
+    let (status, sub) = sse(&d.base, &sh, &format!("?after={position}"), None).await;
+    assert_eq!(status, 200);
+    let start = sub.expect("subscribed").start.clone();
+    assert_eq!(start, ids[1], "the newest event before the position");
+    // Gone before any event; one written meanwhile.
+    let missed = api.hold(&sh, &["P9".to_owned()], LONG_TTL).await;
+    let (status, sub) = sse(&d.base, &sh, "", Some(&start)).await;
+    assert_eq!(status, 200, "resumed from the announced start");
+    let got = sub.expect("subscribed").take(1).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0]["holdRef"], json!(hold_ref(&missed)));
+
+    // A show without events: the start is 0-0, which always resumes.
+    let quiet = show("after-pos-empty");
+    let (_, sub) = sse(&d.base, &quiet, &format!("?after={position}"), None).await;
+    let start = sub.expect("subscribed").start.clone();
+    assert_eq!(start, "0-0");
+    let (status, _) = sse(&d.base, &quiet, "", Some(&start)).await;
+    assert_eq!(status, 200);
+}
+
 /// A `Last-Event-ID` that names no event the stream has, though it is not
 /// before its first one, is 410 `events_expired`: after a failover the
 /// promoted replica may lack the last events a client saw (here deleted

@@ -59,8 +59,24 @@ pub async fn subscribe(events: &Events, sub: Subscription, cursor: Cursor) -> Re
         Cursor::After(id) | Cursor::Resume(id) => id,
         Cursor::Newest => newest,
     };
+    // The id the opening frame announces, which a client whose connection
+    // breaks before any event resumes from (as `Last-Event-ID`, checked
+    // exactly). A `?after=` position is no event when a client made it
+    // from a time; while nothing follows it yet, the newest event (before
+    // it), or 0-0 on a stream without one, resumes the same.
+    let announced = match cursor {
+        Cursor::After(_) if first.is_empty() => newest,
+        _ => start,
+    };
     let (tx, rx) = mpsc::channel::<Bytes>(CLIENT_BUFFER);
-    tokio::spawn(feed_client(sub, events.heartbeat, live, first, start, tx));
+    tokio::spawn(feed_client(
+        sub,
+        events.heartbeat,
+        live,
+        first,
+        (announced, start),
+        tx,
+    ));
     let frames = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv()
             .await
@@ -107,14 +123,15 @@ enum End {
     TooSlow,
 }
 
-/// Writes the missed events (`first`, then further pages), then the live
-/// ones, to one client.
+/// Writes the opening frame (announcing `announced`), the missed events
+/// (`first`, then further pages after `start`), then the live ones, to one
+/// client.
 async fn feed_client(
     mut sub: Subscription,
     heartbeat: Duration,
     mut live: broadcast::Receiver<Live>,
     first: Vec<Event>,
-    start: EventId,
+    (announced, start): (EventId, EventId),
     tx: mpsc::Sender<Bytes>,
 ) {
     let _subscribed = Subscribed::new();
@@ -128,7 +145,7 @@ async fn feed_client(
         // what was written meanwhile.
         send(
             &tx,
-            Bytes::from(format!(": seathold events\nid: {start}\n\n")),
+            Bytes::from(format!(": seathold events\nid: {announced}\n\n")),
         )
         .await?;
         let mut page = first;
