@@ -1094,33 +1094,33 @@ async fn holder_sets_go_with_their_last_hold() {
     let short = api
         .hold_ok(
             &sh,
-            json!({"seats": ["A1"], "holder": "alice", "ttlMs": 400}),
+            json!({"seats": ["A1"], "holder": "alice", "ttlMs": 1200}),
         )
         .await;
     let t = pttl().await;
     assert!(
-        (1..=400).contains(&t),
-        "holder set PTTL {t} after a 400 ms hold"
+        (1..=1200).contains(&t),
+        "holder set PTTL {t} after a 1200 ms hold"
     );
     let long = api
         .hold_ok(
             &sh,
-            json!({"seats": ["A2"], "holder": "alice", "ttlMs": 800}),
+            json!({"seats": ["A2"], "holder": "alice", "ttlMs": 2400}),
         )
         .await;
     let t = pttl().await;
-    assert!((401..=800).contains(&t), "PTTL {t} after an 800 ms hold");
+    assert!((1201..=2400).contains(&t), "PTTL {t} after a 2400 ms hold");
     let (status, body) = api
         .post(
             &format!("/v1/shows/{sh}/holds/{long}/extend"),
-            json!({"ttlMs": 1500}),
+            json!({"ttlMs": 4500}),
         )
         .await;
     assert_eq!(status, 200, "{body}");
     let t = pttl().await;
     assert!(
-        (801..=1500).contains(&t),
-        "PTTL {t} after an extend to 1500 ms"
+        (2401..=4500).contains(&t),
+        "PTTL {t} after an extend to 4500 ms"
     );
     let (status, body) = api
         .patch(
@@ -1129,17 +1129,17 @@ async fn holder_sets_go_with_their_last_hold() {
         )
         .await;
     assert_eq!(status, 200, "{body}");
-    assert!(pttl().await > 800, "a change keeps the expiry");
+    assert!(pttl().await > 2400, "a change keeps the expiry");
 
     // The short hold expired; the long one keeps the set.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
     assert_eq!(
         api.get(&format!("/v1/shows/{sh}/holds/{short}")).await.0,
         404
     );
     assert!(pttl().await > 0);
     // Then it expires too, and the set with it.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    tokio::time::sleep(Duration::from_millis(3600)).await;
     assert_eq!(pttl().await, -2, "the holder set outlived its holds");
 }
 

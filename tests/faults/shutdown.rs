@@ -136,7 +136,7 @@ async fn sigterm_under_load_drains_and_exits_zero() {
         }
     };
     tokio::time::sleep(
-        (sent + drain - Duration::from_millis(200)).saturating_duration_since(Instant::now()),
+        (sent + drain - Duration::from_millis(600)).saturating_duration_since(Instant::now()),
     )
     .await;
     cluster().pause(slow_master).expect("SIGSTOP");
@@ -199,8 +199,10 @@ async fn sigterm_under_load_drains_and_exits_zero() {
          the last ending {last_served:?} after SIGTERM; {refused} refused; exit {code:?} after {exit_after:?}"
     );
     assert_eq!(code, Some(0));
+    // At once; the bound leaves room for the `kill` process on a busy
+    // machine.
     assert!(
-        not_ready_after < Duration::from_millis(300),
+        not_ready_after < Duration::from_millis(1000),
         "{not_ready_after:?}"
     );
     assert!(
