@@ -26,7 +26,8 @@
 -- "sold:<token>" without TTL (the hold record becomes the sale record);
 -- {2, fence} when this token's sale already happened (it then writes the
 -- sale record again, so that a WAIT after it has a write to count);
--- {0} when there is nothing to confirm; {-7} when the record's fence is
+-- {0} when there is nothing to confirm (also when a pool entry of the hold
+-- is gone: its units were given back); {-7} when the record's fence is
 -- another (a PATCH changed the hold since it was read: the keys above may
 -- miss its seats and units; the daemon reads it again). Nothing changes
 -- unless every seat still carries the token. A confirm is idempotent by itself, so an
@@ -52,6 +53,15 @@ if fence then
       return {0}
     end
   end
+  -- Units a script already gave back (it found the hold expired on Redis's
+  -- clock; its record and seats wait for Redis to delete them, and a clock
+  -- stepped back makes them look alive) are not sold again: that would
+  -- sell more than the capacity.
+  for j = 1, P do
+    if not redis.call('ZSCORE', KEYS[pk + 2 * j - 1], ARGV[qa + j - 1] .. ':' .. token) then
+      return {0}
+    end
+  end
   for i = 3, last do
     redis.call('SET', KEYS[i], sold)
   end
@@ -59,9 +69,8 @@ if fence then
   redis.call('DEL', KEYS[1])
   for j = 1, P do
     local q = ARGV[qa + j - 1]
-    if redis.call('ZREM', KEYS[pk + 2 * j - 1], q .. ':' .. token) == 1 then
-      redis.call('HINCRBY', KEYS[pk + 2 * j - 2], 'held', -q)
-    end
+    redis.call('ZREM', KEYS[pk + 2 * j - 1], q .. ':' .. token)
+    redis.call('HINCRBY', KEYS[pk + 2 * j - 2], 'held', -q)
     redis.call('HINCRBY', KEYS[pk + 2 * j - 2], 'sold', q)
   end
   for h = 1, H do

@@ -21,7 +21,8 @@
 --                    from (lookup.lua)
 --
 -- Returns {1, fence, pttl_ms, now_ms} when extended; {0} when the token no
--- longer holds every seat (nothing changed); {-7} when the record's fence
+-- longer holds every seat, or a pool's units were given back (nothing
+-- changed); {-7} when the record's fence
 -- is another (a PATCH changed the hold since it was read: the keys above
 -- may miss its seats; the daemon reads it again); {-1, created_ms, now_ms} when
 -- the new expiry would pass the lifetime cap (nothing changed); {-3, record,
@@ -53,6 +54,13 @@ if fence ~= ARGV[#ARGV] then
 end
 for i = 2, last do
   if redis.call('GET', KEYS[i]) ~= ARGV[1] then
+    return {0}
+  end
+end
+-- A hold whose units a script already gave back (see confirm.lua) is not
+-- extended: it would live on with its units free for others.
+for j = 1, P do
+  if not redis.call('ZSCORE', KEYS[pk + 2 * j - 1], ARGV[qa + j - 1] .. ':' .. ARGV[1]) then
     return {0}
   end
 end

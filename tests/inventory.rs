@@ -1384,6 +1384,78 @@ async fn release_confirm_extend_of_pool_holds() {
     assert_eq!(api.pool(&sh, "floor").await, (10, 5, 5, 0));
 }
 
+/// A hold whose pool units were already given back (a script pruned its
+/// entry when Redis's clock had passed its expiry) is not confirmed or
+/// extended, even while its record and seats are still there, as after a
+/// clock stepped back (NTP, or a failover to a node whose clock is behind)
+/// before Redis deleted them. Confirm sold the units again, over the
+/// capacity, and extend kept a live hold whose units were free. The prune
+/// is made here by hand: what it leaves (no entry, `held` lowered) with the
+/// record in place.
+#[tokio::test]
+async fn units_given_back_are_not_sold_or_extended() {
+    let _guard = common::shared().await;
+    let s = server_with(options()).await;
+    let api = Api::new(&s.base);
+    let sh = show("given-back");
+    api.set_pool(&sh, "floor", 4).await;
+    let mut r = redis().await;
+    let holds = format!("seat-hold:{{show:{sh}}}#pool-holds:floor");
+    let pool = format!("seat-hold:{{show:{sh}}}#pool:floor");
+    let mut given_back = Vec::new();
+    for seat in ["G1", "G2"] {
+        let t = api
+            .hold_ok(
+                &sh,
+                json!({"seats": [seat], "pools": {"floor": 2}, "ttlMs": 60000}),
+            )
+            .await;
+        let removed: i64 = redis::cmd("ZREM")
+            .arg(&holds)
+            .arg(format!("2:{t}"))
+            .query_async(&mut r)
+            .await
+            .expect("ZREM");
+        assert_eq!(removed, 1);
+        let _: i64 = redis::cmd("HINCRBY")
+            .arg(&pool)
+            .arg("held")
+            .arg(-2)
+            .query_async(&mut r)
+            .await
+            .expect("HINCRBY");
+        given_back.push(t);
+    }
+    // The 4 units are free again, and taken by others.
+    assert_eq!(api.pool(&sh, "floor").await, (4, 0, 0, 4));
+    api.hold_ok(&sh, json!({"pools": {"floor": 4}, "ttlMs": 60000}))
+        .await;
+    let (status, body) = api
+        .call(
+            "POST",
+            &format!("/v1/shows/{sh}/holds/{}/confirm", given_back[0]),
+            None,
+        )
+        .await;
+    assert_error(status, &body, 404, "hold_not_found");
+    let (status, body) = api
+        .post(
+            &format!("/v1/shows/{sh}/holds/{}/extend", given_back[1]),
+            json!({"ttlMs": 120000}),
+        )
+        .await;
+    assert_error(status, &body, 404, "hold_not_found");
+    assert_eq!(api.pool(&sh, "floor").await, (4, 4, 0, 0), "never oversold");
+    for (t, seat) in given_back.iter().zip(["G1", "G2"]) {
+        let state: String = redis::cmd("GET")
+            .arg(format!("seat-hold:{{show:{sh}}}:{seat}"))
+            .query_async(&mut r)
+            .await
+            .expect("GET");
+        assert_eq!(&state, t, "{seat}: nothing changed");
+    }
+}
+
 /// Adds an entry a minute ahead of now at sequence 999 to `show`'s event
 /// stream, so that the next `XADD *` would answer that millisecond with
 /// sequence 1000; answers that millisecond.

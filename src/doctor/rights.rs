@@ -76,6 +76,7 @@ fn tries(key: &str) -> Vec<Try> {
         t("+pexpireat", &["PEXPIREAT", index, &soon]),
         t("+zrangebyscore", &["ZRANGEBYSCORE", index, "-inf", "+inf"]),
         t("+zrange", &["ZRANGE", index, "0", "0", "WITHSCORES"]),
+        t("+zscore", &["ZSCORE", index, "doctor"]),
         t("+zrem", &["ZREM", index, "doctor"]),
         t(
             "+zremrangebyscore",
