@@ -228,7 +228,7 @@ impl Hub {
                 last = self.newest(c, &stream).await;
                 if last.is_some() {
                     backoff = Duration::from_millis(50);
-                    current_at.store(now_ms(), Ordering::Relaxed);
+                    current_at.store(mono_ms(), Ordering::Relaxed);
                     started.send_replace(true);
                 } else {
                     // Refused (ACL, LOADING, MOVED) or broken: pause as
@@ -313,7 +313,7 @@ impl Hub {
                     // After the events went out: a view that sees this time
                     // has applied everything before it.
                     if !full {
-                        current_at.store(now_ms(), Ordering::Relaxed);
+                        current_at.store(mono_ms(), Ordering::Relaxed);
                     }
                 }
                 Err(err) => {
@@ -425,7 +425,7 @@ impl Feed {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let idle = view.as_ref().is_some_and(|v| {
-            now_ms().saturating_sub(v.last_used.load(Ordering::Relaxed)) > VIEW_IDLE_MS
+            mono_ms().saturating_sub(v.last_used.load(Ordering::Relaxed)) > VIEW_IDLE_MS
         });
         if idle {
             *view = None;
@@ -447,6 +447,16 @@ fn entries(reply: &Value) -> impl Iterator<Item = &Value> {
         _ => None,
     };
     list.unwrap_or_default().iter()
+}
+
+/// A monotonic clock in ms (from the first call, plus one, so never 0):
+/// for how long ago something happened, which a step of the system clock
+/// must not change (a reader stalled while the clock stepped back would
+/// otherwise pass for current).
+pub fn mono_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let start = START.get_or_init(std::time::Instant::now);
+    start.elapsed().as_millis() as u64 + 1
 }
 
 /// This machine's clock, ms since the Unix epoch.

@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::hub::{now_ms, Hub};
+use super::hub::{mono_ms, now_ms, Hub};
 use super::Event;
 use crate::cluster::Cluster;
 use crate::ids::{SeatId, ShowId};
@@ -200,13 +200,14 @@ enum Known {
 /// One show's view.
 pub struct SeatView {
     seats: Mutex<ViewState>,
-    /// When the reader last knew it had every event (ms, this machine).
+    /// When the reader last knew it had every event (ms, this machine's
+    /// monotonic clock, [`mono_ms`]).
     current_at: Arc<AtomicU64>,
     /// How far Redis's clock may be ahead of this machine's, in ms, as seen
     /// from the events (their id time minus the time they arrived): taking
     /// the largest keeps "safely in the future" safe.
     clock_ahead: AtomicI64,
-    /// When the view was last asked (ms, this machine).
+    /// When the view was last asked ([`mono_ms`]).
     pub last_used: AtomicU64,
     max_lag_ms: u64,
 }
@@ -220,18 +221,54 @@ struct ViewState {
     holds: HashMap<String, Vec<String>>,
     /// Events applied so far.
     applied: u64,
-    /// The position at which the view last forgot everything: what Redis
-    /// answered before it may predate events the view never saw.
+    /// The position at which the view last forgot everything, or pruned
+    /// what it knew: what Redis answered before it may predate events the
+    /// view never saw, or whose effect it dropped.
     forgotten: u64,
+    /// How many seats or holds it may know before [`ViewState::prune`].
+    prune_at: usize,
+}
+
+/// The fewest seats or holds a view prunes at (see [`ViewState::prune`]).
+const PRUNE_AT: usize = 4096;
+
+impl ViewState {
+    /// Drops the seats known free, holds over by `now` (Redis's clock) and
+    /// the holds of no seat held, once the view knows more than `prune_at`
+    /// of either: clients that hold and release ever new seat ids would
+    /// otherwise grow it without bound. Sold seats and live holds stay.
+    /// Redis's answers to requests sent before are not learned afterwards
+    /// (they may predate a release whose free seat was dropped).
+    fn prune_if_large(&mut self, now: i64) {
+        if self.seats.len() <= self.prune_at && self.holds.len() <= self.prune_at {
+            return;
+        }
+        self.seats.retain(|_, (known, _)| match known {
+            Known::Free => false,
+            Known::Held(until) => *until > now,
+            Known::Sold => true,
+        });
+        let seats = &self.seats;
+        self.holds.retain(|_, held| {
+            held.iter()
+                .any(|s| matches!(seats.get(s), Some((Known::Held(_), _))))
+        });
+        self.applied += 1;
+        self.forgotten = self.applied;
+        self.prune_at = PRUNE_AT.max(2 * self.seats.len().max(self.holds.len()));
+    }
 }
 
 impl SeatView {
     pub fn new(current_at: Arc<AtomicU64>, max_lag_ms: u64) -> Self {
         Self {
-            seats: Mutex::new(ViewState::default()),
+            seats: Mutex::new(ViewState {
+                prune_at: PRUNE_AT,
+                ..ViewState::default()
+            }),
             current_at,
             clock_ahead: AtomicI64::new(i64::MIN),
-            last_used: AtomicU64::new(now_ms()),
+            last_used: AtomicU64::new(mono_ms()),
             max_lag_ms,
         }
     }
@@ -285,6 +322,14 @@ impl SeatView {
         } else {
             state.holds.remove(&event.hold_ref);
         }
+        let now = self.redis_now();
+        state.prune_if_large(now);
+    }
+
+    #[cfg(test)]
+    fn sizes(&self) -> (usize, usize) {
+        let state = self.lock();
+        (state.seats.len(), state.holds.len())
     }
 
     /// Forgets every seat and hold: its reader may have missed events
@@ -302,7 +347,7 @@ impl SeatView {
     /// Whether the reader is current within the lag bound.
     fn is_current(&self) -> bool {
         let at = self.current_at.load(Ordering::Relaxed);
-        at > 0 && now_ms().saturating_sub(at) <= self.max_lag_ms
+        at > 0 && mono_ms().saturating_sub(at) <= self.max_lag_ms
     }
 
     /// Redis's time now, as late as it may be: this machine's clock plus
@@ -316,7 +361,7 @@ impl SeatView {
     /// seat it has seen an event of (or learned from Redis), `None` for one
     /// it has not, or whose hold ends within the lag bound (Redis decides).
     fn known(&self, seats: &[SeatId]) -> Option<Vec<Option<State>>> {
-        self.last_used.store(now_ms(), Ordering::Relaxed);
+        self.last_used.store(mono_ms(), Ordering::Relaxed);
         if !self.is_current() {
             return None;
         }
@@ -400,6 +445,12 @@ impl SeatView {
             return;
         }
         for hold in holds {
+            // An event since `position` named the hold's seats as they are
+            // now (a PATCH may have given some back that the index, read
+            // before it, still lists): nothing here is newer.
+            if state.holds.contains_key(&hold.reference) {
+                continue;
+            }
             let mut learned = false;
             for seat in &hold.seats {
                 if state
@@ -415,7 +466,7 @@ impl SeatView {
                 learned = true;
             }
             // A hold whose every seat changed since is over or known.
-            if learned && !state.holds.contains_key(&hold.reference) {
+            if learned {
                 let seats = hold.seats.iter().map(ToString::to_string).collect();
                 state.holds.insert(hold.reference.clone(), seats);
             }
@@ -520,7 +571,62 @@ mod tests {
         view.apply(&event("expired", &["D1"], "r11", Some(later)));
         assert_eq!(view.known(&[seat("D1")]), Some(vec![Some(State::Free)]));
         // A reader that fell behind: nothing is answered.
-        current.store(now_ms() - 1_000, Ordering::Relaxed);
+        current.store(mono_ms().saturating_sub(1_000), Ordering::Relaxed);
         assert!(view.refusal(&[seat("E7")]).is_none());
+    }
+
+    /// A PATCH that gives a seat back while the view reads the deadline
+    /// index: its `modified` event (after the read's position) names the
+    /// hold's seats now, and the index (read before) its old ones. The seat
+    /// given back must not be learned as held: nothing would free it.
+    #[test]
+    fn a_patch_while_the_index_is_read_gives_its_seat_back() {
+        let current = Arc::new(AtomicU64::new(mono_ms()));
+        let view = SeatView::new(Arc::clone(&current), 250);
+        let later = now_ms() as i64 + 60_000;
+        let position = view.position();
+        view.apply(&event("modified", &["E7"], "r1", Some(later)));
+        view.learn_holds(
+            position,
+            &[LiveHold {
+                reference: "r1".into(),
+                seats: vec![seat("E7"), seat("E8")],
+                until: later,
+            }],
+        );
+        assert!(view.refusal(&[seat("E7")]).is_some());
+        assert_eq!(
+            view.known(&[seat("E8")]),
+            Some(vec![None]),
+            "E8 is Redis's to answer"
+        );
+        view.apply(&event("released", &["E7"], "r1", None));
+        assert!(view.refusal(&[seat("E8")]).is_none());
+    }
+
+    /// Seats freed and holds over are dropped once they are many, so that
+    /// clients holding and releasing ever new seat ids cannot grow the
+    /// view without bound; what Redis answered before the pruning is not
+    /// learned afterwards (it may predate a release the view dropped).
+    #[test]
+    fn free_seats_and_holds_over_are_pruned() {
+        let current = Arc::new(AtomicU64::new(mono_ms()));
+        let view = SeatView::new(Arc::clone(&current), 250);
+        let later = now_ms() as i64 + 60_000;
+        view.apply(&event("held", &["KEEP"], "keep", Some(later)));
+        let stale = view.position();
+        for i in 0..3 * PRUNE_AT {
+            let (s, r) = (format!("S{i}"), format!("r{i}"));
+            view.apply(&event("held", &[&s], &r, Some(later)));
+            view.apply(&event("released", &[&s], &r, None));
+        }
+        let (seats, holds) = view.sizes();
+        assert!(
+            seats <= PRUNE_AT + 1 && holds <= PRUNE_AT + 1,
+            "{seats} seats, {holds} holds"
+        );
+        assert!(view.refusal(&[seat("KEEP")]).is_some(), "a live hold stays");
+        view.learn(stale, &[(seat("S0"), State::Held(Some(60_000)))]);
+        assert_eq!(view.known(&[seat("S0")]), Some(vec![None]));
     }
 }
