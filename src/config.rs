@@ -306,9 +306,18 @@ pub struct Options {
 }
 
 impl Default for Options {
+    /// The parser's own defaults, so the two can never disagree, and
+    /// without the `SEATHOLD_*` environment: a value set there is set, not
+    /// a default ([`Options::settle`] lowers only defaults), and tests and
+    /// embedders get the same defaults whatever the shell exports.
     fn default() -> Self {
-        // The parser's own defaults, so the two can never disagree.
-        Cli::parse_from(["seathold"]).serve
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Cli::command()
+            .mut_args(|arg| arg.env(None))
+            .get_matches_from(["seathold"]);
+        Cli::from_arg_matches(&matches)
+            .expect("the defaults parse")
+            .serve
     }
 }
 

@@ -278,4 +278,22 @@ fn no_cluster_is_a_failed_check_and_no_seed_a_config_error() {
         assert_eq!(code, Some(2), "{bad:?}: {report}");
         assert!(!report.contains("FAIL"), "{bad:?}: no check ran: {report}");
     }
+
+    // A value set by environment variable is set, not a default that a
+    // contradicting flag may lower: start-up stops. It was taken for the
+    // default (the defaults were read with the environment too) and
+    // silently lowered to the lifetime.
+    let out = Command::new(env!("CARGO_BIN_EXE_seathold"))
+        .args(["doctor", "--redis-nodes", "redis://127.0.0.1:1"])
+        .args(["--max-hold-lifetime-ms", "1000"])
+        .env("SEATHOLD_MAX_TTL_MS", "5000")
+        .output()
+        .expect("run seathold doctor");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(2), "{report}");
+    assert!(report.contains("--max-ttl-ms (5000)"), "{report}");
 }
