@@ -583,7 +583,14 @@ impl Daemon {
             .map(|a| a.port())
             .expect("a free port");
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_seathold"))
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seathold"));
+        // Only the flags here: nothing a developer's shell exports.
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("SEATHOLD_") {
+                cmd.env_remove(name);
+            }
+        }
+        let child = cmd
             .arg("serve")
             .args(["--listen", &addr.to_string()])
             .args(["--redis-nodes", &cluster().seed_urls().join(",")])
