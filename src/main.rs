@@ -35,7 +35,7 @@ fn config_error(err: StartError) -> ExitCode {
 async fn serve(mut opts: Options) -> Result<(), StartError> {
     seathold::logging::init(opts.log_format, &opts.log)?;
     opts.settle();
-    opts.validate()?;
+    server::check(&opts)?;
     let listener = server::bind(&opts).await?;
     server::run(opts, listener, server::shutdown_signal()).await
 }

@@ -46,6 +46,16 @@ pub enum StartError {
     Dev(#[from] crate::dev::DevError),
 }
 
+/// Checks what start-up can check before it binds the port: the settings,
+/// and the Redis options (seeds, their URLs, the TLS files). A missing
+/// seed is then named even while the port is taken.
+pub fn check(opts: &Options) -> Result<(), StartError> {
+    opts.validate()?;
+    let redis = opts.redis()?;
+    Cluster::new(&redis, Scripts::embedded(), Arc::default())?;
+    Ok(())
+}
+
 /// Builds the application state for `opts`; connects to Redis in the
 /// background (see [`run`]).
 pub fn app(opts: &Options) -> Result<Arc<App>, StartError> {
@@ -581,6 +591,12 @@ pub async fn dev(dev: DevOptions, shutdown: impl Future<Output = ()>) -> Result<
     say!("  curl -s {url}/v1/shows/42/seats/E7\n");
     let result = run(opts, listener, shutdown).await;
     say!("stopping the local Redis Cluster...");
+    let dir = cluster.dir().to_path_buf();
     cluster.stop();
+    if dir.exists() {
+        say!("stopped; its data stays in {}", dir.display());
+    } else {
+        say!("stopped; {} removed", dir.display());
+    }
     result
 }

@@ -153,6 +153,39 @@ fn bad_configuration_stops_start_up_with_a_clear_message() {
             "one clear message, not a dump:\n{text}"
         );
     }
+
+    // A configuration that cannot work is named before the port is tried:
+    // with the port taken (another instance, a leftover `seathold dev`),
+    // the message said only "address in use", and the missing seeds or
+    // the bad URL came after the user had freed it.
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = busy.local_addr().expect("addr").to_string();
+    for (args, needle) in [
+        (vec!["serve", "--listen", &port], "no Redis seed nodes"),
+        (
+            vec!["--redis-nodes", "not a url", "--listen", &port],
+            "not a url",
+        ),
+        (
+            vec![
+                "--redis-nodes",
+                "redis://127.0.0.1:1",
+                "--redis-ca-file",
+                "/nonexistent/ca.pem",
+                "--listen",
+                &port,
+            ],
+            "/nonexistent/ca.pem",
+        ),
+    ] {
+        let (code, text) = run(&args, &[]);
+        assert_eq!(code, Some(2), "{args:?}:\n{text}");
+        assert!(
+            text.contains(needle),
+            "{args:?}: should name {needle:?}:\n{text}"
+        );
+    }
+    drop(busy);
 }
 
 #[test]
