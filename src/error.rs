@@ -39,7 +39,7 @@ pub enum Error {
     MethodNotAllowed(&'static str),
     #[error("some of the seats are already held or sold")]
     SeatsTaken(Vec<Taken>, Vec<Shortfall>),
-    #[error("a pool has fewer units available than the hold asks for")]
+    #[error("a pool has fewer units available than the hold asks for (a pool never created has none: create it with PUT and a capacity)")]
     PoolExhausted(Vec<Shortfall>),
     #[error("the holder would hold or have bought more than this show allows")]
     HolderLimit {
