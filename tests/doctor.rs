@@ -10,12 +10,18 @@ use seathold::dev::{ClusterOptions, LocalCluster};
 
 /// Runs `seathold doctor` with `args`; answers the exit code and stdout.
 fn doctor(args: &[&str]) -> (Option<i32>, String) {
+    doctor_with(args, &[])
+}
+
+/// [`doctor`] with environment variables `env` set.
+fn doctor_with(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_seathold"))
         .arg("doctor")
         .args(args)
         .env_remove("SEATHOLD_REDIS_NODES")
         .env_remove("SEATHOLD_REDIS_USERNAME")
         .env_remove("SEATHOLD_REDIS_PASSWORD")
+        .envs(env.iter().copied())
         .output()
         .expect("run seathold doctor");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -283,17 +289,15 @@ fn no_cluster_is_a_failed_check_and_no_seed_a_config_error() {
     // contradicting flag may lower: start-up stops. It was taken for the
     // default (the defaults were read with the environment too) and
     // silently lowered to the lifetime.
-    let out = Command::new(env!("CARGO_BIN_EXE_seathold"))
-        .args(["doctor", "--redis-nodes", "redis://127.0.0.1:1"])
-        .args(["--max-hold-lifetime-ms", "1000"])
-        .env("SEATHOLD_MAX_TTL_MS", "5000")
-        .output()
-        .expect("run seathold doctor");
-    let report = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (code, report) = doctor_with(
+        &[
+            "--redis-nodes",
+            "redis://127.0.0.1:1",
+            "--max-hold-lifetime-ms",
+            "1000",
+        ],
+        &[("SEATHOLD_MAX_TTL_MS", "5000")],
     );
-    assert_eq!(out.status.code(), Some(2), "{report}");
+    assert_eq!(code, Some(2), "{report}");
     assert!(report.contains("--max-ttl-ms (5000)"), "{report}");
 }
