@@ -225,11 +225,11 @@ struct ViewState {
     /// what it knew: what Redis answered before it may predate events the
     /// view never saw, or whose effect it dropped.
     forgotten: u64,
-    /// How many seats or holds it may know before [`ViewState::prune`].
+    /// How many seats or holds it may know before [`ViewState::prune_if_large`].
     prune_at: usize,
 }
 
-/// The fewest seats or holds a view prunes at (see [`ViewState::prune`]).
+/// The fewest seats or holds a view prunes at (see [`ViewState::prune_if_large`]).
 const PRUNE_AT: usize = 4096;
 
 impl ViewState {
