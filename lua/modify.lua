@@ -28,7 +28,8 @@
 -- changes and the answer is {-7}: the caller reads it again and recomputes,
 -- so that no change is lost and the old seats, quantities and units given
 -- here are the hold's. Every seat the hold keeps or gives back must still
--- carry the token, or nothing changes ({0}). Added seats are checked like
+-- carry the token, and every pool it had must still hold its units, or
+-- nothing changes ({0}). Added seats are checked like
 -- hold.lua's, pools with Redis's clock (expired holds give their units back
 -- first), the holder limit on what the change adds. Returns {1, fence,
 -- pttl_ms, now_ms}; {0}; {-7}; as hold.lua: {0, i, state, pttl, ...} for
@@ -60,6 +61,14 @@ if not fence then return {0} end
 if fence ~= ARGV[18] then return {-7} end
 for i = ks, as - 1 do
   if redis.call('GET', KEYS[i]) ~= token then return {0} end
+end
+-- Units a script already gave back are not taken again (see confirm.lua):
+-- a change that leaves a pool alone would add them back unchecked.
+for u = 1, U do
+  local old = ARGV[17 + 2 * u]
+  if old ~= '0' and not redis.call('ZSCORE', KEYS[pk + 2 * u - 1], old .. ':' .. token) then
+    return {0}
+  end
 end
 
 local t = redis.call('TIME')

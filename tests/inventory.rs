@@ -1398,12 +1398,12 @@ async fn units_given_back_are_not_sold_or_extended() {
     let s = server_with(options()).await;
     let api = Api::new(&s.base);
     let sh = show("given-back");
-    api.set_pool(&sh, "floor", 4).await;
+    api.set_pool(&sh, "floor", 6).await;
     let mut r = redis().await;
     let holds = format!("seat-hold:{{show:{sh}}}#pool-holds:floor");
     let pool = format!("seat-hold:{{show:{sh}}}#pool:floor");
     let mut given_back = Vec::new();
-    for seat in ["G1", "G2"] {
+    for seat in ["G1", "G2", "G3"] {
         let t = api
             .hold_ok(
                 &sh,
@@ -1426,9 +1426,9 @@ async fn units_given_back_are_not_sold_or_extended() {
             .expect("HINCRBY");
         given_back.push(t);
     }
-    // The 4 units are free again, and taken by others.
-    assert_eq!(api.pool(&sh, "floor").await, (4, 0, 0, 4));
-    api.hold_ok(&sh, json!({"pools": {"floor": 4}, "ttlMs": 60000}))
+    // The 6 units are free again, and taken by others.
+    assert_eq!(api.pool(&sh, "floor").await, (6, 0, 0, 6));
+    api.hold_ok(&sh, json!({"pools": {"floor": 6}, "ttlMs": 60000}))
         .await;
     let (status, body) = api
         .call(
@@ -1445,8 +1445,16 @@ async fn units_given_back_are_not_sold_or_extended() {
         )
         .await;
     assert_error(status, &body, 404, "hold_not_found");
-    assert_eq!(api.pool(&sh, "floor").await, (4, 4, 0, 0), "never oversold");
-    for (t, seat) in given_back.iter().zip(["G1", "G2"]) {
+    // A PATCH that leaves the pool alone took the units back unchecked.
+    let (status, body) = api
+        .patch(
+            &format!("/v1/shows/{sh}/holds/{}", given_back[2]),
+            json!({"add": ["G9"]}),
+        )
+        .await;
+    assert_error(status, &body, 404, "hold_not_found");
+    assert_eq!(api.pool(&sh, "floor").await, (6, 6, 0, 0), "never oversold");
+    for (t, seat) in given_back.iter().zip(["G1", "G2", "G3"]) {
         let state: String = redis::cmd("GET")
             .arg(format!("seat-hold:{{show:{sh}}}:{seat}"))
             .query_async(&mut r)

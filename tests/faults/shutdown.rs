@@ -108,7 +108,7 @@ async fn sigterm_under_load_drains_and_exits_zero() {
     let http = reqwest::Client::new();
     let sent = Instant::now();
     d.signal("TERM");
-    common::wait_readyz(&http, &d.base, 503, Duration::from_millis(500)).await;
+    common::wait_readyz(&http, &d.base, 503, Duration::from_millis(1000)).await;
     let not_ready_after = sent.elapsed();
     // The load balancer takes a while to notice; meanwhile requests,
     // new connections included, are still served.
