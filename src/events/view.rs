@@ -530,10 +530,17 @@ mod tests {
         SeatId::parse(s).expect("seat")
     }
 
-    #[test]
-    fn refuses_only_what_it_knows_taken_and_never_when_behind() {
+    /// A view whose reader is current now (lag bound 250 ms), and the
+    /// reader's clock, which a test may set back.
+    fn current_view() -> (Arc<AtomicU64>, SeatView) {
         let current = Arc::new(AtomicU64::new(mono_ms()));
         let view = SeatView::new(Arc::clone(&current), 250);
+        (current, view)
+    }
+
+    #[test]
+    fn refuses_only_what_it_knows_taken_and_never_when_behind() {
+        let (current, view) = current_view();
         let later = now_ms() as i64 + 60_000;
         view.apply(&event("held", &["E7", "E8"], "r1", Some(later)));
         view.apply(&event("released", &["E9"], "r0", None));
@@ -594,8 +601,7 @@ mod tests {
     /// given back must not be learned as held: nothing would free it.
     #[test]
     fn a_patch_while_the_index_is_read_gives_its_seat_back() {
-        let current = Arc::new(AtomicU64::new(mono_ms()));
-        let view = SeatView::new(Arc::clone(&current), 250);
+        let (_current, view) = current_view();
         let later = now_ms() as i64 + 60_000;
         let position = view.position();
         view.apply(&event("modified", &["E7"], "r1", Some(later)));
@@ -623,8 +629,7 @@ mod tests {
     /// learned afterwards (it may predate a release the view dropped).
     #[test]
     fn free_seats_and_holds_over_are_pruned() {
-        let current = Arc::new(AtomicU64::new(mono_ms()));
-        let view = SeatView::new(Arc::clone(&current), 250);
+        let (current, view) = current_view();
         let later = now_ms() as i64 + 60_000;
         view.apply(&event("held", &["KEEP"], "keep", Some(later)));
         let stale = view.position();
