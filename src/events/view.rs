@@ -530,6 +530,15 @@ mod tests {
         SeatId::parse(s).expect("seat")
     }
 
+    /// A live hold of the deadline index.
+    fn live(reference: &str, seats: &[&str], until: i64) -> LiveHold {
+        LiveHold {
+            reference: reference.into(),
+            seats: seats.iter().map(|s| seat(s)).collect(),
+            until,
+        }
+    }
+
     /// A view whose reader is current now (lag bound 250 ms), and the
     /// reader's clock, which a test may set back.
     fn current_view() -> (Arc<AtomicU64>, SeatView) {
@@ -571,14 +580,7 @@ mod tests {
         // A hold learned from the deadline index that gives a seat back.
         let before = view.position();
         let later = now_ms() as i64 + 60_000;
-        view.learn_holds(
-            before,
-            &[LiveHold {
-                reference: "r7".into(),
-                seats: vec![seat("M1"), seat("M2")],
-                until: later,
-            }],
-        );
+        view.learn_holds(before, &[live("r7", &["M1", "M2"], later)]);
         assert!(view.refusal(&[seat("M2")]).is_some());
         view.apply(&event("modified", &["M1"], "r7", Some(later)));
         assert_eq!(view.known(&[seat("M2")]), Some(vec![Some(State::Free)]));
@@ -605,14 +607,7 @@ mod tests {
         let later = now_ms() as i64 + 60_000;
         let position = view.position();
         view.apply(&event("modified", &["E7"], "r1", Some(later)));
-        view.learn_holds(
-            position,
-            &[LiveHold {
-                reference: "r1".into(),
-                seats: vec![seat("E7"), seat("E8")],
-                until: later,
-            }],
-        );
+        view.learn_holds(position, &[live("r1", &["E7", "E8"], later)]);
         assert!(view.refusal(&[seat("E7")]).is_some());
         assert_eq!(
             view.known(&[seat("E8")]),
