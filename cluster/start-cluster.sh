@@ -266,5 +266,11 @@ seedlist="$(
   echo "${seeds[*]}"
 )"
 echo "cluster ready: ${#ports[@]} nodes in $dir"
-echo "  seathold serve --redis-nodes $seedlist"
+if ((replicas == 0)); then
+  # No replica can acknowledge a sale: with the default of 1, every confirm
+  # would answer 503 not_replicated.
+  echo "  seathold serve --redis-nodes $seedlist --confirm-wait-replicas 0"
+else
+  echo "  seathold serve --redis-nodes $seedlist"
+fi
 echo "  stop: $here/stop-cluster.sh $dir"

@@ -22,6 +22,13 @@ async fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The port is taken or the address not (yet) there: the machine,
+        // not the configuration, may change, so a supervisor may restart
+        // (exit 2 tells it not to: cluster/seathold.service).
+        Err(err @ StartError::Listen { .. }) => {
+            eprintln!("seathold: {err}");
+            ExitCode::FAILURE
+        }
         Err(err) => config_error(err),
     }
 }

@@ -185,6 +185,13 @@ fn bad_configuration_stops_start_up_with_a_clear_message() {
             "{args:?}: should name {needle:?}:\n{text}"
         );
     }
+    // A valid configuration on a taken port is not a configuration error:
+    // exit 1, which a supervisor restarts (the old instance may still be
+    // stopping), where it gives up on 2 (cluster/seathold.service).
+    let args = ["--redis-nodes", "redis://127.0.0.1:1", "--listen", &port];
+    let (code, text) = run(&args, &[]);
+    assert_eq!(code, Some(1), "{args:?}:\n{text}");
+    assert!(text.contains("cannot listen on"), "{text}");
     drop(busy);
 }
 

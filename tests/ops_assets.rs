@@ -286,6 +286,13 @@ fn start_cluster_does_not_use_the_templates_dir() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+    // Without replicas, the command it suggests must not wait for one at
+    // every confirm (503 not_replicated each time).
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("--confirm-wait-replicas 0"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     assert!(
         stopped.status.success(),
         "stop-cluster.sh: {}",
