@@ -236,8 +236,9 @@ pub struct Options {
     /// Most shows this instance reads the event stream of at once (for
     /// their SSE subscribers and seat views), each over a Redis connection
     /// of its own (XREAD BLOCK stalls a shared one). Past it, a stream of
-    /// one more show is refused with 503 `overloaded`, and a busy show gets
-    /// no seat view (Redis answers it). The events route needs no token: it
+    /// one more show is refused with 503 `overloaded`; seat views start
+    /// readers only up to half of it (past that a busy show gets no view of
+    /// its own, and Redis answers it). The events route needs no token: it
     /// bounds what clients naming many shows cost the masters' connections.
     #[arg(long, env = "SEATHOLD_MAX_EVENT_READERS", default_value_t = 1000)]
     pub max_event_readers: usize,

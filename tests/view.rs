@@ -841,3 +841,33 @@ async fn granted_holds_alone_start_no_view() {
     .await;
     assert!(node_calls(master, "xread").await > x0, "no stream reader");
 }
+
+/// Seat views start stream readers only in the lower half of
+/// `--max-event-readers`: reads need no token, and reads of made-up shows
+/// took every reader before, so that an event stream of a real show got 503
+/// `overloaded` for as long as the reads went on.
+#[tokio::test]
+async fn views_leave_event_streams_half_the_readers() {
+    let _lock = exclusive().await;
+    let a = server_with(Options {
+        max_event_readers: 4,
+        ..with_view()
+    })
+    .await;
+    for i in 1..=4 {
+        seat_state(&a, &show(&format!("made-up-{i}")), "A1").await;
+    }
+    assert_eq!(a.metric("seathold_event_readers").await, 2.0);
+    let streams = [show("live-1"), show("live-2")];
+    let mut open = Vec::new();
+    for sh in &streams {
+        let resp = a.events_stream(sh, None).await;
+        assert_eq!(resp.status().as_u16(), 200, "the event stream of {sh}");
+        open.push(resp);
+    }
+    assert_eq!(a.metric("seathold_event_readers").await, 4.0);
+    // A view of a show whose stream is read already needs no reader.
+    let (status, _) = hold_one(&a, &streams[0], "A1", None).await;
+    assert_eq!(status, 201);
+    wait_view(&a, &streams[0], "A1").await;
+}

@@ -114,7 +114,9 @@ impl Hub {
     /// its limit of readers.
     pub fn subscribe(self: &Arc<Self>, show: &ShowId) -> Option<(broadcast::Receiver<Live>, Feed)> {
         // Subscribed under the hub's lock, before a new reader can look.
-        self.feed(show, |feed| (feed.tx.subscribe(), feed.clone()))
+        self.feed(show, self.max_readers, |feed| {
+            (feed.tx.subscribe(), feed.clone())
+        })
     }
 
     /// The seat view of `show`, kept current by the show's reader (started
@@ -127,7 +129,7 @@ impl Hub {
         show: &ShowId,
         max_lag_ms: u64,
     ) -> Option<(Arc<SeatView>, Option<watch::Receiver<bool>>)> {
-        self.feed(show, |feed| {
+        self.feed(show, self.max_readers.div_ceil(2), |feed| {
             let mut view = feed
                 .view
                 .lock()
@@ -150,13 +152,20 @@ impl Hub {
     /// Runs `with` on the feed of `show` under the hub's lock, so that what
     /// it attaches is there before the reader (started here when the show
     /// has none) first checks for users; `None` when a reader would have to
-    /// start and the hub is at its limit.
-    fn feed<T>(self: &Arc<Self>, show: &ShowId, with: impl FnOnce(&Feed) -> T) -> Option<T> {
+    /// start and `limit` readers run. Seat views start readers only up to
+    /// half the hub's limit: reads need no token, and reads of made-up
+    /// shows would otherwise take every reader from the event streams.
+    fn feed<T>(
+        self: &Arc<Self>,
+        show: &ShowId,
+        limit: usize,
+        with: impl FnOnce(&Feed) -> T,
+    ) -> Option<T> {
         let mut shows = self.lock();
         if let Some(feed) = shows.get(show) {
             return Some(with(feed));
         }
-        if shows.len() >= self.max_readers {
+        if shows.len() >= limit {
             metrics::counter!(crate::metrics::EVENT_READERS_REFUSED).increment(1);
             return None;
         }
