@@ -8,8 +8,17 @@
 --          hold of several shows also has "<ref> > <index key>" in each,
 --          its link to the next show's index, with the same score
 -- KEYS[2]  the show's event stream
+-- KEYS[3]  the record of this run ("<prefix>{show:<show>}#sweep:<run id>")
 -- ARGV[1]  approximate length cap of the stream
 -- ARGV[2]  most holds to expire in one run
+-- ARGV[3]  how long the record of a run that wrote something is kept, ms
+--
+-- A run whose answer was lost (a timeout, a broken connection: the script
+-- may have run) is sent again under the same run id, by the daemon or by
+-- the cluster client. The resend answers what the first run wrote, from
+-- its record, so that the instance counts those events: without it the
+-- resend found nothing due, and no instance counted events that were in
+-- the stream.
 --
 -- Each due entry is removed and its event appended in this one script, with
 -- Redis's clock deciding what is due: two instances sweeping the same show
@@ -27,6 +36,20 @@
 -- Redis's expiry notifications of those holds' records).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- The time until the show's next deadline (0: due now), -1 when none.
+local function next_in()
+  local next = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if #next == 0 then return -1 end
+  return math.max(tonumber(next[2]) - now, 0)
+end
+
+local done = redis.call('GET', KEYS[3])
+if done then
+  local reply = cjson.decode(done)
+  reply[2] = next_in()
+  return reply
+end
 -- Strings to Redis: a number would be printed with "%.17g" (see hold.lua).
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('(%d', now),
   'WITHSCORES', 'LIMIT', '0', ARGV[2])
@@ -45,8 +68,8 @@ for i = 1, #due, 2 do
     if link then links[#links + 1] = link end
   end
 end
-local next = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if #next > 0 then
-  reply[2] = math.max(tonumber(next[2]) - now, 0)
+if reply[1] > 0 or #links > 0 then
+  redis.call('SET', KEYS[3], cjson.encode(reply), 'PX', ARGV[3])
 end
+reply[2] = next_in()
 return reply

@@ -2156,3 +2156,52 @@ async fn periodic_scans_are_shared_between_instances() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A sweep whose answer is lost (its master froze past the Redis timeout,
+/// then ran the script it had buffered) is sent again under the same run
+/// id and answers what its first run wrote: the `expired` event, written
+/// once, is counted once. Before, the resend found nothing due and
+/// answered 0, and no instance counted the event that was in the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiry_whose_sweep_answer_was_lost_is_counted_once() {
+    struct Thaw(u16);
+    impl Drop for Thaw {
+        fn drop(&mut self) {
+            let _ = cluster().resume(self.0);
+        }
+    }
+    let _alone = common::exclusive().await;
+    let d = Daemon::start(&["--redis-timeout-ms", "500"]).await;
+    let api = Api::new(&d.base);
+    let sh = show("lost-sweep");
+    let (_, master) = common::slot_and_master(&sh).await;
+    let before = metric(&d, "seathold_hold_expiries_total").await;
+    let hold = api.hold(&sh, &["A1".to_owned()], 1_000).await;
+    let made = Instant::now();
+    // Frozen from just before the hold's sweep (at its expiry) until its
+    // first sweeps have timed out; under the cluster's node timeout, so no
+    // failover.
+    tokio::time::sleep_until((made + Duration::from_millis(900)).into()).await;
+    cluster().pause(master).expect("SIGSTOP the master");
+    let thaw = Thaw(master);
+    tokio::time::sleep(Duration::from_millis(1_400)).await;
+    drop(thaw);
+    eventually(
+        Duration::from_secs(5),
+        "the expiry to be counted",
+        || async { metric(&d, "seathold_hold_expiries_total").await > before },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        metric(&d, "seathold_hold_expiries_total").await - before,
+        1.0
+    );
+    let mut conn = common::redis().await;
+    let expired = xrange(&mut conn, &sh)
+        .await
+        .into_iter()
+        .filter(|(_, t, r)| t == "expired" && *r == hold_ref(&hold))
+        .count();
+    assert_eq!(expired, 1, "the hold's expired events");
+}

@@ -54,6 +54,11 @@ const LATE_MS: u64 = 5;
 /// Most holds one sweep expires (the next sweep follows at once).
 const BATCH: usize = 200;
 
+/// How long the record of a sweep that wrote something is kept for a
+/// resend of the same run (sweep.lua), and a failed run's id for the next
+/// sweep of its show: a failing master's sweeps retry within 2 s.
+const RUN_KEPT: Duration = Duration::from_secs(60);
+
 /// Most sweeps in flight at once. Each waits a round trip to its master
 /// (milliseconds at an on-sale's peak, behind the holds queued there), so
 /// the sweeps run side by side: with 8 at a time and a batch waiting for
@@ -80,6 +85,10 @@ pub struct Sweeper {
     scan_every: Duration,
     /// This instance, in the scan leases it takes.
     instance: String,
+    /// The run id of each show's last sweep that failed (it may have run,
+    /// its answer lost), for the show's next sweep: that run then answers
+    /// what the first wrote, and its events are counted.
+    failed_runs: Mutex<std::collections::HashMap<ShowId, (String, Instant)>>,
 }
 
 /// A hold ref (16 hex digits, as sweep.lua answers it) as a number, as
@@ -106,6 +115,7 @@ impl Sweeper {
             check: Notify::new(),
             scan_every,
             instance: uuid::Uuid::new_v4().to_string(),
+            failed_runs: Mutex::default(),
         })
     }
 
@@ -258,19 +268,55 @@ impl Sweeper {
         }
         scanner.abort();
         checker.abort();
+        // Sweeps in flight may have written events: their answers (each
+        // within its Redis deadline) are counted, not dropped.
+        while in_flight.next().await.is_some() {}
+    }
+
+    /// The run id of `show`'s next sweep: a failed run's, or a new one.
+    fn run_id(&self, show: &ShowId) -> String {
+        let mut failed = self
+            .failed_runs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match failed.remove(show) {
+            Some((run, at)) if at.elapsed() < RUN_KEPT => run,
+            _ => uuid::Uuid::new_v4().simple().to_string(),
+        }
+    }
+
+    /// Keeps the id of `show`'s failed run for its next sweep.
+    fn run_failed(&self, show: &ShowId, run: String) {
+        let mut failed = self
+            .failed_runs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = Instant::now();
+        // Shows another instance swept meanwhile are never swept here again.
+        if failed.len() >= 1024 {
+            failed.retain(|_, (_, at)| now.duration_since(*at) < RUN_KEPT);
+        }
+        failed.insert(show.clone(), (run, now));
     }
 
     /// One sweep of `show`: answers when to sweep it next (ms; `None` when
     /// its index is empty) and the refs of the holds it expired, or `None`
     /// when it failed.
     async fn sweep(&self, show: &ShowId) -> Option<(Option<u64>, Vec<u64>)> {
-        let keys = [self.keys.deadlines(show), self.keys.events(show)];
+        let run = self.run_id(show);
+        let keys = [
+            self.keys.deadlines(show),
+            self.keys.events(show),
+            self.keys.sweep_run(show, &run),
+        ];
         let deadline = self.cluster.deadline();
         let script = &self.cluster.scripts().sweep;
         let reply: Result<Vec<redis::Value>, _> = self
             .cluster
             .eval(&deadline, script, &keys, |c| {
-                c.arg(self.max_len).arg(BATCH);
+                c.arg(self.max_len)
+                    .arg(BATCH)
+                    .arg(RUN_KEPT.as_millis() as u64);
             })
             .await;
         match reply.as_deref() {
@@ -310,6 +356,7 @@ impl Sweeper {
                 Some((Some(1_000), Vec::new()))
             }
             Err(err) => {
+                self.run_failed(show, run);
                 metrics::counter!(m::SWEEP_FAILURES).increment(1);
                 tracing::debug!(%show, error = %err, "sweep failed");
                 None
