@@ -777,3 +777,72 @@ async fn a_request_whose_body_is_slow_is_answered_at_shutdown() {
     assert!(answer.starts_with("HTTP/1.1 201"), "answer: {answer:?}");
     assert_eq!(d.wait_exit(Duration::from_secs(8)).await, Some(0));
 }
+
+/// A master out of memory (`maxmemory` reached, `noeviction`) refuses a
+/// script's first write that needs memory with `OOM` (the error names the
+/// script): holds and a confirm are 503 `redis_unavailable` (try again:
+/// memory may be freed, a node added), not 500 `internal` as a script error
+/// that retrying cannot mend; nothing is written, and the hold goes through
+/// once memory is back. (An extend goes through: its first write,
+/// `PEXPIRE`, needs no memory, and Redis lets a script that wrote go on.)
+#[tokio::test]
+async fn a_master_out_of_memory_is_503_not_500() {
+    struct Restore(u16);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let port = self.0;
+            std::thread::spawn(move || {
+                let client =
+                    redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
+                let mut c = client.get_connection().expect("connection");
+                let _: () = redis::cmd("CONFIG")
+                    .arg("SET")
+                    .arg("maxmemory")
+                    .arg("0")
+                    .query(&mut c)
+                    .expect("CONFIG SET maxmemory 0");
+            })
+            .join()
+            .expect("restore maxmemory");
+        }
+    }
+    let _x = LOCK.write().await;
+    let s = server().await;
+    let sh = show("oom");
+    let held = s.hold(&sh, &["A1"]).await;
+    let token = held["holdToken"].as_str().expect("token").to_owned();
+    let (_, master) = common::slot_and_master(&sh).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query_async(&mut node(master).await)
+        .await
+        .expect("CONFIG SET maxmemory 1");
+    let restore = Restore(master);
+    for (method, path, body) in [
+        ("POST", format!("/v1/shows/{sh}/seats/B1/hold"), None),
+        (
+            "POST",
+            format!("/v1/shows/{sh}/holds"),
+            Some(json!({"seats": ["B1", "B2"]})),
+        ),
+        (
+            "POST",
+            format!("/v1/shows/{sh}/holds/{token}/confirm"),
+            None,
+        ),
+    ] {
+        let (status, answer) = s.call(method, &path, body).await;
+        assert_eq!(
+            (status, answer["error"].as_str()),
+            (503, Some("redis_unavailable")),
+            "{method} {path}: {answer}"
+        );
+    }
+    drop(restore);
+    let (_, b1) = s.get(&format!("/v1/shows/{sh}/seats/B1")).await;
+    assert_eq!(b1["state"], "free", "{b1}");
+    s.hold(&sh, &["B1", "B2"]).await;
+    s.stop().await;
+}
