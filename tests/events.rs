@@ -2205,3 +2205,74 @@ async fn an_expiry_whose_sweep_answer_was_lost_is_counted_once() {
         .count();
     assert_eq!(expired, 1, "the hold's expired events");
 }
+
+/// Entries of a show's stream that seathold did not write (one without a
+/// type, one whose type is not a word and would end its SSE `event:` line)
+/// are skipped by the show's reader and the polling form alike, which go
+/// on past them. Before, the reader kept its position before an entry it
+/// could not read and read it again at once, in a loop, for as long as
+/// the stream had it (thousands of XREADs a second to the master), and a
+/// type with a line break went out as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_seathold_did_not_write_are_skipped() {
+    let _alone = common::exclusive().await;
+    let d = Daemon::start(&[]).await;
+    let api = Api::new(&d.base);
+    let sh = show("foreign");
+    let (_, master) = common::slot_and_master(&sh).await;
+    let (status, sub) = sse(&d.base, &sh, "", None).await;
+    assert_eq!(status, 200);
+    let mut sub = sub.expect("a subscription");
+    let stream = seathold::keys::KeySpace::new("seat-hold:").events(&sh);
+    let mut conn = common::redis().await;
+    for fields in [
+        vec!["note", "by hand"],
+        vec!["t", "held\nevent: sold", "r", "0000000000000000", "s", "A1"],
+    ] {
+        let _: String = redis::cmd("XADD")
+            .arg(&stream)
+            .arg("*")
+            .arg(&fields)
+            .query_async(&mut conn)
+            .await
+            .expect("XADD");
+    }
+    let before = common::node_calls(master, "xread").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reads = common::node_calls(master, "xread").await - before;
+    assert!(
+        reads <= 10,
+        "{reads} XREADs in 500 ms after the foreign entries"
+    );
+    let hold = api.hold(&sh, &["A2".to_owned()], LONG_TTL).await;
+    let events = sub.take(1).await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        (&events[0]["type"], &events[0]["holdRef"]),
+        (&json!("held"), &json!(hold_ref(&hold))),
+        "{events:?}"
+    );
+    let (status, page) = api.page(&sh, "after=0-0").await;
+    assert_eq!(status, 200, "{page}");
+    let types: Vec<&Value> = page["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| &e["type"])
+        .collect();
+    assert_eq!(types, [&json!("held")], "{page}");
+    // Paged one entry at a time, the pages of foreign entries are empty
+    // and still move on.
+    let mut after = "0-0".to_owned();
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let (status, page) = api.page(&sh, &format!("after={after}&limit=1")).await;
+        assert_eq!(status, 200, "{page}");
+        let next = page["next"].as_str().expect("next").to_owned();
+        assert_ne!(next, after, "a page answered its own cursor: {page}");
+        seen.extend(page["events"].as_array().expect("events").clone());
+        after = next;
+    }
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0]["holdRef"], json!(hold_ref(&hold)));
+}

@@ -311,8 +311,16 @@ impl Hub {
                     // a reconnection): only a shorter one proves the reader
                     // reached the end of the stream.
                     let full = count >= BUFFER;
-                    for event in entries(&reply).filter_map(|e| Event::from_entry(&show, e)) {
-                        last = Some(event.event_id);
+                    for entry in entries(&reply) {
+                        // Past every entry, an event or not: an entry that is
+                        // not one (written by hand) was read again at once,
+                        // in a loop, while the position stayed before it.
+                        if let Some(id) = super::entry_id(entry) {
+                            last = Some(id);
+                        }
+                        let Some(event) = Event::from_entry(&show, entry) else {
+                            continue;
+                        };
                         if let Some(view) = &view {
                             view.apply(&event);
                         }

@@ -103,8 +103,19 @@ pub struct Event {
     pub event_id: EventId,
 }
 
+/// The id of an XRANGE/XREAD entry `[id, [field, value, ...]]`.
+pub fn entry_id(entry: &Value) -> Option<EventId> {
+    match entry {
+        Value::Array(parts) => EventId::parse(&text(parts.first()?)?),
+        _ => None,
+    }
+}
+
 impl Event {
-    /// An XRANGE/XREAD entry `[id, [field, value, ...]]` of `show`'s stream.
+    /// An XRANGE/XREAD entry `[id, [field, value, ...]]` of `show`'s stream;
+    /// `None` for an entry seathold did not write: no type, or a type that
+    /// is not a word (it goes on an SSE `event:` line, which a line break
+    /// would end).
     pub fn from_entry(show: &ShowId, entry: &Value) -> Option<Self> {
         let Value::Array(parts) = entry else {
             return None;
@@ -120,7 +131,8 @@ impl Event {
                 .find(|kv| text(&kv[0]).as_deref() == Some(name))
                 .and_then(|kv| text(&kv[1]))
         };
-        let kind = get("t")?;
+        let kind = get("t")
+            .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))?;
         let hold_ref = get("r").unwrap_or_default();
         let items = get("s").unwrap_or_default();
         let mut seats = Vec::new();
@@ -200,9 +212,23 @@ pub enum Cursor {
     Newest,
 }
 
-/// Reads up to `limit` events of `show` after `cursor`, and the stream's
-/// newest id: 410 `events_expired` when some after the cursor were trimmed
-/// away, or (`Cursor::Resume`) the stream no longer has the cursor's event.
+/// What [`read`] read.
+pub struct Read {
+    /// The events among the entries read.
+    pub events: Vec<Event>,
+    /// How many entries were read, events or not (`limit`: there may be
+    /// more).
+    pub entries: usize,
+    /// The id of the last entry read, an event or not: where to go on from
+    /// (past entries that are not events, written by hand).
+    pub last: Option<EventId>,
+    /// The stream's newest id (0-0 when it has none).
+    pub newest: EventId,
+}
+
+/// Reads up to `limit` entries of `show`'s stream after `cursor`: 410
+/// `events_expired` when some after the cursor were trimmed away, or
+/// (`Cursor::Resume`) the stream no longer has the cursor's event.
 pub async fn read(
     cluster: &Cluster,
     keys: &KeySpace,
@@ -210,7 +236,7 @@ pub async fn read(
     show: &ShowId,
     cursor: Cursor,
     limit: usize,
-) -> Result<(Vec<Event>, EventId), Error> {
+) -> Result<Read, Error> {
     let stream = [keys.events(show)];
     let (from, exact) = match cursor {
         Cursor::After(id) => (id.to_string(), "0"),
@@ -228,11 +254,15 @@ pub async fn read(
             let newest = text(newest)
                 .and_then(|id| EventId::parse(&id))
                 .unwrap_or(EventId::ZERO);
-            let events = entries
-                .iter()
-                .filter_map(|e| Event::from_entry(show, e))
-                .collect();
-            Ok((events, newest))
+            Ok(Read {
+                events: entries
+                    .iter()
+                    .filter_map(|e| Event::from_entry(show, e))
+                    .collect(),
+                entries: entries.len(),
+                last: entries.last().and_then(entry_id),
+                newest,
+            })
         }
         _ => Err(Error::Internal(format!(
             "unexpected reply of events.lua: {reply:?}"

@@ -54,7 +54,8 @@ pub async fn subscribe(events: &Events, sub: Subscription, cursor: Cursor) -> Re
     let (live, feed) = events.hub.subscribe(&sub.show).ok_or(Error::Overloaded)?;
     wait_started(&sub.cluster, feed).await?;
     let deadline = sub.cluster.deadline();
-    let (first, newest) = read(&sub.cluster, &sub.keys, &deadline, &sub.show, cursor, PAGE).await?;
+    let first = read(&sub.cluster, &sub.keys, &deadline, &sub.show, cursor, PAGE).await?;
+    let newest = first.newest;
     let start = match cursor {
         Cursor::After(id) | Cursor::Resume(id) => id,
         Cursor::Newest => newest,
@@ -65,7 +66,7 @@ pub async fn subscribe(events: &Events, sub: Subscription, cursor: Cursor) -> Re
     // from a time; while nothing follows it yet, the newest event (before
     // it), or 0-0 on a stream without one, resumes the same.
     let announced = match cursor {
-        Cursor::After(_) if first.is_empty() => newest,
+        Cursor::After(_) if first.entries == 0 => newest,
         _ => start,
     };
     let (tx, rx) = mpsc::channel::<Bytes>(CLIENT_BUFFER);
@@ -130,7 +131,7 @@ async fn feed_client(
     mut sub: Subscription,
     heartbeat: Duration,
     mut live: broadcast::Receiver<Live>,
-    first: Vec<Event>,
+    first: super::Read,
     (announced, start): (EventId, EventId),
     tx: mpsc::Sender<Bytes>,
 ) {
@@ -150,12 +151,15 @@ async fn feed_client(
         .await?;
         let mut page = first;
         loop {
-            let full = page.len() == PAGE;
-            for event in &page {
+            for event in &page.events {
                 send(&tx, frame(event)).await?;
                 cursor = event.event_id;
             }
-            if !full {
+            // Past entries that are not events too.
+            if let Some(last) = page.last {
+                cursor = cursor.max(last);
+            }
+            if page.entries < PAGE {
                 break;
             }
             let deadline = sub.cluster.deadline();
@@ -169,7 +173,7 @@ async fn feed_client(
             )
             .await
             {
-                Ok((page, _)) => page,
+                Ok(page) => page,
                 Err(_) => return Err(End::Gone),
             };
         }

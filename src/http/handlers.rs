@@ -393,13 +393,19 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
         return Ok(resp);
     }
     let cursor = cursor.unwrap_or(Cursor::After(EventId::ZERO));
-    let (page, newest) = read(cluster, keys, &req.deadline(), &show, cursor, limit).await?;
-    let next = match (page.last(), after) {
-        (Some(last), _) => last.id.clone(),
+    let read = read(cluster, keys, &req.deadline(), &show, cursor, limit).await?;
+    // Past the last entry read, an event or not: a page of entries that
+    // are not events (written by hand) must not answer its own cursor.
+    let next = match (read.last, after) {
+        (Some(last), _) => last.to_string(),
         (None, Some(after)) => after.to_string(),
-        (None, None) => newest.to_string(),
+        (None, None) => read.newest.to_string(),
     };
-    Ok(json(StatusCode::OK, &Page { events: page, next }))
+    let page = Page {
+        events: read.events,
+        next,
+    };
+    Ok(json(StatusCode::OK, &page))
 }
 
 /// `PATCH /v1/shows/{show}/holds/{token}`.
