@@ -16,9 +16,12 @@
 -- A run whose answer was lost (a timeout, a broken connection: the script
 -- may have run) is sent again under the same run id, by the daemon or by
 -- the cluster client. The resend answers what the first run wrote, from
--- its record, so that the instance counts those events: without it the
--- resend found nothing due, and no instance counted events that were in
--- the stream.
+-- its record, with what it wrote itself, so that the instance counts those
+-- events: without it the resend found nothing due, and no instance counted
+-- events that were in the stream. The record is read together with its
+-- writing (SET NX GET), or alone when a run wrote nothing: one call more
+-- per run, not two. (A resend's own part is not added to the record: were
+-- its answer lost too, a third run would answer the first's alone.)
 --
 -- Each due entry is removed and its event appended in this one script, with
 -- Redis's clock deciding what is due: two instances sweeping the same show
@@ -44,12 +47,6 @@ local function next_in()
   return math.max(tonumber(next[2]) - now, 0)
 end
 
-local done = redis.call('GET', KEYS[3])
-if done then
-  local reply = cjson.decode(done)
-  reply[2] = next_in()
-  return reply
-end
 -- Strings to Redis: a number would be printed with "%.17g" (see hold.lua).
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('(%d', now),
   'WITHSCORES', 'LIMIT', '0', ARGV[2])
@@ -68,8 +65,17 @@ for i = 1, #due, 2 do
     if link then links[#links + 1] = link end
   end
 end
+local first
 if reply[1] > 0 or #links > 0 then
-  redis.call('SET', KEYS[3], cjson.encode(reply), 'PX', ARGV[3])
+  first = redis.call('SET', KEYS[3], cjson.encode(reply), 'NX', 'GET', 'PX', ARGV[3])
+else
+  first = redis.call('GET', KEYS[3])
+end
+if first then
+  first = cjson.decode(first)
+  reply[1] = reply[1] + first[1]
+  for _, link in ipairs(first[3]) do links[#links + 1] = link end
+  for i = 4, #first do reply[#reply + 1] = first[i] end
 end
 reply[2] = next_in()
 return reply
