@@ -8,20 +8,21 @@
 --          hold of several shows also has "<ref> > <index key>" in each,
 --          its link to the next show's index, with the same score
 -- KEYS[2]  the show's event stream
--- KEYS[3]  the record of this run ("<prefix>{show:<show>}#sweep:<run id>")
 -- ARGV[1]  approximate length cap of the stream
 -- ARGV[2]  most holds to expire in one run
--- ARGV[3]  how long the record of a run that wrote something is kept, ms
+-- ARGV[3]  this run's id (16 hex digits), written into its events (`u`)
+-- ARGV[4]  "" for a first run; for a run sent again under the id of one
+--          whose answer was lost, the stream id from which that one may
+--          have written
 --
 -- A run whose answer was lost (a timeout, a broken connection: the script
--- may have run) is sent again under the same run id, by the daemon or by
--- the cluster client. The resend answers what the first run wrote, from
--- its record, with what it wrote itself, so that the instance counts those
--- events: without it the resend found nothing due, and no instance counted
--- events that were in the stream. The record is read together with its
--- writing (SET NX GET), or alone when a run wrote nothing: one call more
--- per run, not two. (A resend's own part is not added to the record: were
--- its answer lost too, a third run would answer the first's alone.)
+-- may have run) is sent again under the same run id. The resend answers
+-- the events the first run wrote too, found by their `u` among the
+-- stream's entries since ARGV[4], so that the instance counts them:
+-- without it the resend found nothing due, and no instance counted events
+-- that were in the stream. A first run pays for this with two arguments of
+-- each XADD, no call. (The links a lost answer named are not found again:
+-- their shows are swept at their own deadlines or by the next scan.)
 --
 -- Each due entry is removed and its event appended in this one script, with
 -- Redis's clock deciding what is due: two instances sweeping the same show
@@ -39,25 +40,28 @@
 -- Redis's expiry notifications of those holds' records).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
--- The time until the show's next deadline (0: due now), -1 when none.
-local function next_in()
-  local next = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  if #next == 0 then return -1 end
-  return math.max(tonumber(next[2]) - now, 0)
-end
-
 -- Strings to Redis: a number would be printed with "%.17g" (see hold.lua).
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('(%d', now),
   'WITHSCORES', 'LIMIT', '0', ARGV[2])
 local links = {}
 local reply = {0, -1, links}
+if ARGV[4] ~= '' then
+  local since = redis.call('XRANGE', KEYS[2], ARGV[4], '+', 'COUNT', '10000')
+  for _, entry in ipairs(since) do
+    local f = entry[2]
+    -- t expired r <ref> s <seats> f <fence> x <expiry> u <run>
+    if f[12] == ARGV[3] and f[11] == 'u' then
+      reply[1] = reply[1] + 1
+      reply[#reply + 1] = f[4]
+    end
+  end
+end
 for i = 1, #due, 2 do
   local ref, fence, seats = string.match(due[i], '^(%S+) (%d+) (.*)$')
   redis.call('ZREM', KEYS[1], due[i])
   if ref then
     redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*',
-      't', 'expired', 'r', ref, 's', seats, 'f', fence, 'x', due[i + 1])
+      't', 'expired', 'r', ref, 's', seats, 'f', fence, 'x', due[i + 1], 'u', ARGV[3])
     reply[1] = reply[1] + 1
     reply[#reply + 1] = ref
   else
@@ -65,17 +69,8 @@ for i = 1, #due, 2 do
     if link then links[#links + 1] = link end
   end
 end
-local first
-if reply[1] > 0 or #links > 0 then
-  first = redis.call('SET', KEYS[3], cjson.encode(reply), 'NX', 'GET', 'PX', ARGV[3])
-else
-  first = redis.call('GET', KEYS[3])
+local next = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #next > 0 then
+  reply[2] = math.max(tonumber(next[2]) - now, 0)
 end
-if first then
-  first = cjson.decode(first)
-  reply[1] = reply[1] + first[1]
-  for _, link in ipairs(first[3]) do links[#links + 1] = link end
-  for i = 4, #first do reply[#reply + 1] = first[i] end
-end
-reply[2] = next_in()
 return reply

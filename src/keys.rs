@@ -184,12 +184,6 @@ impl KeySpace {
         self.record(show.as_ref(), "holder-sold", holder)
     }
 
-    /// `<prefix>{show:<show>}#sweep:<run>`: what one run of sweep.lua
-    /// wrote, answered again to a resend of that run.
-    pub fn sweep_run(&self, show: &(impl AsRef<str> + ?Sized), run: &str) -> String {
-        self.record(show.as_ref(), "sweep", run)
-    }
-
     /// `<prefix>{show:.scan.<n>}#scan-lease`: which instance scans a
     /// master for deadline indexes this period (`events::sweep`); `n` picks
     /// a hash tag whose slot is on that master. No show's own keys end in

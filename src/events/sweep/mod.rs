@@ -54,10 +54,13 @@ const LATE_MS: u64 = 5;
 /// Most holds one sweep expires (the next sweep follows at once).
 const BATCH: usize = 200;
 
-/// How long the record of a sweep that wrote something is kept for a
-/// resend of the same run (sweep.lua), and a failed run's id for the next
-/// sweep of its show: a failing master's sweeps retry within 2 s.
+/// How long a failed sweep's run id is kept for the next sweep of its show
+/// (a failing master's sweeps retry within 2 s).
 const RUN_KEPT: Duration = Duration::from_secs(60);
+
+/// How far before a failed run was sent its resend looks for its events
+/// (sweep.lua): Redis's clock may be behind this machine's.
+const RUN_SKEW_MS: u64 = 5_000;
 
 /// Most sweeps in flight at once. Each waits a round trip to its master
 /// (milliseconds at an on-sale's peak, behind the holds queued there), so
@@ -86,9 +89,19 @@ pub struct Sweeper {
     /// This instance, in the scan leases it takes.
     instance: String,
     /// The run id of each show's last sweep that failed (it may have run,
-    /// its answer lost), for the show's next sweep: that run then answers
-    /// what the first wrote, and its events are counted.
-    failed_runs: Mutex<std::collections::HashMap<ShowId, (String, Instant)>>,
+    /// its answer lost) and when it was sent (ms since the Unix epoch), for
+    /// the show's next sweep: that run then answers what the first wrote
+    /// too, and its events are counted.
+    failed_runs: Mutex<std::collections::HashMap<ShowId, FailedRun>>,
+}
+
+/// A sweep run whose answer was lost.
+struct FailedRun {
+    id: String,
+    /// When it was sent, ms since the Unix epoch (this machine's clock).
+    sent_ms: u64,
+    /// When it failed, for forgetting it.
+    at: Instant,
 }
 
 /// A hold ref (16 hex digits, as sweep.lua answers it) as a number, as
@@ -273,50 +286,52 @@ impl Sweeper {
         while in_flight.next().await.is_some() {}
     }
 
-    /// The run id of `show`'s next sweep: a failed run's, or a new one.
-    fn run_id(&self, show: &ShowId) -> String {
+    /// The run of `show`'s next sweep: a failed run's id and the stream id
+    /// from which it may have written, or a new id and "".
+    fn run_id(&self, show: &ShowId) -> (String, String, u64) {
+        let now_ms = super::hub::now_ms();
         let mut failed = self
             .failed_runs
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         match failed.remove(show) {
-            Some((run, at)) if at.elapsed() < RUN_KEPT => run,
-            _ => uuid::Uuid::new_v4().simple().to_string(),
+            Some(run) if run.at.elapsed() < RUN_KEPT => {
+                let since = run.sent_ms.saturating_sub(RUN_SKEW_MS).to_string();
+                (run.id, since, run.sent_ms)
+            }
+            _ => {
+                let id = format!("{:016x}", uuid::Uuid::new_v4().as_u64_pair().0);
+                (id, String::new(), now_ms)
+            }
         }
     }
 
-    /// Keeps the id of `show`'s failed run for its next sweep.
-    fn run_failed(&self, show: &ShowId, run: String) {
+    /// Keeps `show`'s failed run for its next sweep.
+    fn run_failed(&self, show: &ShowId, id: String, sent_ms: u64) {
         let mut failed = self
             .failed_runs
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let now = Instant::now();
+        let at = Instant::now();
         // Shows another instance swept meanwhile are never swept here again.
         if failed.len() >= 1024 {
-            failed.retain(|_, (_, at)| now.duration_since(*at) < RUN_KEPT);
+            failed.retain(|_, run| at.duration_since(run.at) < RUN_KEPT);
         }
-        failed.insert(show.clone(), (run, now));
+        failed.insert(show.clone(), FailedRun { id, sent_ms, at });
     }
 
     /// One sweep of `show`: answers when to sweep it next (ms; `None` when
     /// its index is empty) and the refs of the holds it expired, or `None`
     /// when it failed.
     async fn sweep(&self, show: &ShowId) -> Option<(Option<u64>, Vec<u64>)> {
-        let run = self.run_id(show);
-        let keys = [
-            self.keys.deadlines(show),
-            self.keys.events(show),
-            self.keys.sweep_run(show, &run),
-        ];
+        let (run, since, sent_ms) = self.run_id(show);
+        let keys = [self.keys.deadlines(show), self.keys.events(show)];
         let deadline = self.cluster.deadline();
         let script = &self.cluster.scripts().sweep;
         let reply: Result<Vec<redis::Value>, _> = self
             .cluster
             .eval(&deadline, script, &keys, |c| {
-                c.arg(self.max_len)
-                    .arg(BATCH)
-                    .arg(RUN_KEPT.as_millis() as u64);
+                c.arg(self.max_len).arg(BATCH).arg(&run).arg(&since);
             })
             .await;
         match reply.as_deref() {
@@ -356,7 +371,7 @@ impl Sweeper {
                 Some((Some(1_000), Vec::new()))
             }
             Err(err) => {
-                self.run_failed(show, run);
+                self.run_failed(show, run, sent_ms);
                 metrics::counter!(m::SWEEP_FAILURES).increment(1);
                 tracing::debug!(%show, error = %err, "sweep failed");
                 None
