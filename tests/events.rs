@@ -2276,3 +2276,32 @@ async fn entries_seathold_did_not_write_are_skipped() {
     assert_eq!(seen.len(), 1, "{seen:?}");
     assert_eq!(seen[0]["holdRef"], json!(hold_ref(&hold)));
 }
+
+/// A stream opened `?after=` a position that no event follows, only an
+/// entry seathold did not write, announces that entry as its opening id: a
+/// client whose connection breaks before any event resumes from it
+/// (`Last-Event-ID`, found exactly) instead of getting 410 for a position
+/// that is no entry.
+#[tokio::test]
+async fn a_stream_opened_before_a_foreign_entry_resumes_from_it() {
+    let _shared = common::shared().await;
+    let d = Daemon::start(&[]).await;
+    let api = Api::new(&d.base);
+    let sh = show("foreign-open");
+    let hold = api.hold(&sh, &["A1".to_owned()], LONG_TTL).await;
+    // A position after the hold's event, before the foreign entry.
+    let after = id_of_fence(fence(&hold) + 1);
+    let _: String = redis::cmd("XADD")
+        .arg(seathold::keys::KeySpace::new("seat-hold:").events(&sh))
+        .arg("*")
+        .arg("note")
+        .arg("by hand")
+        .query_async(&mut common::redis().await)
+        .await
+        .expect("XADD");
+    let (status, sub) = sse(&d.base, &sh, &format!("?after={after}"), None).await;
+    assert_eq!(status, 200);
+    let start = sub.expect("a subscription").start.clone();
+    let (status, _again) = sse(&d.base, &sh, "", Some(&start)).await;
+    assert_eq!(status, 200, "resuming from the announced id {start}");
+}

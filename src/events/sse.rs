@@ -66,7 +66,9 @@ pub async fn subscribe(events: &Events, sub: Subscription, cursor: Cursor) -> Re
     // from a time; while nothing follows it yet, the newest event (before
     // it), or 0-0 on a stream without one, resumes the same.
     let announced = match cursor {
-        Cursor::After(_) if first.entries == 0 => newest,
+        // The last entry read when none was an event (written by hand):
+        // an entry, which a resume finds exactly.
+        Cursor::After(_) if first.events.is_empty() => first.last.unwrap_or(newest),
         _ => start,
     };
     let (tx, rx) = mpsc::channel::<Bytes>(CLIENT_BUFFER);
