@@ -29,6 +29,7 @@
 //! Redis's expiry notifications).
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -325,13 +326,24 @@ impl Sweeper {
     /// when it failed.
     async fn sweep(&self, show: &ShowId) -> Option<(Option<u64>, Vec<u64>)> {
         let (run, since, sent_ms) = self.run_id(show);
+        let retry_since = sent_ms.saturating_sub(RUN_SKEW_MS).to_string();
+        let sends = AtomicU32::new(0);
         let keys = [self.keys.deadlines(show), self.keys.events(show)];
         let deadline = self.cluster.deadline();
         let script = &self.cluster.scripts().sweep;
         let reply: Result<Vec<redis::Value>, _> = self
             .cluster
             .eval(&deadline, script, &keys, |c| {
-                c.arg(self.max_len).arg(BATCH).arg(&run).arg(&since);
+                // Every send after the first is a resend of this run: the
+                // direct connection broke, and the cluster connection sends
+                // the script again (it may have run).
+                let resend = sends.fetch_add(1, Ordering::Relaxed) > 0;
+                let since = if resend && since.is_empty() {
+                    &retry_since
+                } else {
+                    &since
+                };
+                c.arg(self.max_len).arg(BATCH).arg(&run).arg(since);
             })
             .await;
         match reply.as_deref() {
