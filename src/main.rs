@@ -25,12 +25,22 @@ async fn main() -> ExitCode {
         // The port is taken or the address not (yet) there: the machine,
         // not the configuration, may change, so a supervisor may restart
         // (exit 2 tells it not to: cluster/seathold.service).
-        Err(err @ StartError::Listen { .. }) => {
+        Err(err) if machine_may_change(&err) => {
             eprintln!("seathold: {err}");
             ExitCode::FAILURE
         }
         Err(err) => config_error(err),
     }
+}
+
+/// Whether start-up failed on something the machine, not the settings, may
+/// change by itself: the port taken (an old instance still stopping), the
+/// address not there yet.
+fn machine_may_change(err: &StartError) -> bool {
+    matches!(err, StartError::Listen { source, .. } if matches!(
+        source.kind(),
+        std::io::ErrorKind::AddrInUse | std::io::ErrorKind::AddrNotAvailable
+    ))
 }
 
 /// Exit code 2 and one line: the configuration stopped start-up.

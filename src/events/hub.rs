@@ -129,7 +129,7 @@ impl Hub {
         show: &ShowId,
         max_lag_ms: u64,
     ) -> Option<(Arc<SeatView>, Option<watch::Receiver<bool>>)> {
-        self.feed(show, self.max_readers.div_ceil(2), |feed| {
+        self.feed(show, self.max_readers / 2, |feed| {
             let mut view = feed
                 .view
                 .lock()
@@ -153,8 +153,9 @@ impl Hub {
     /// it attaches is there before the reader (started here when the show
     /// has none) first checks for users; `None` when a reader would have to
     /// start and `limit` readers run. Seat views start readers only up to
-    /// half the hub's limit: reads need no token, and reads of made-up
-    /// shows would otherwise take every reader from the event streams.
+    /// half the hub's limit (rounded down: none with a limit of 1): reads
+    /// need no token, and reads of made-up shows would otherwise take every
+    /// reader from the event streams.
     fn feed<T>(
         self: &Arc<Self>,
         show: &ShowId,
