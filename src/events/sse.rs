@@ -22,7 +22,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 
 use super::hub::{Feed, Live};
 use super::{read, Cursor, Event, EventId, Events};
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, Deadline};
 use crate::error::Error;
 use crate::ids::ShowId;
 use crate::keys::KeySpace;
@@ -49,12 +49,18 @@ pub struct Subscription {
 }
 
 /// Subscribes to `sub.show` from `cursor`. Fails (410 `events_expired`, or
-/// 503) before any byte is sent, so the status can still say so.
-pub async fn subscribe(events: &Events, sub: Subscription, cursor: Cursor) -> Result<Body, Error> {
+/// 503) before any byte is sent, so the status can still say so. The
+/// request's `deadline` bounds the wait for the show's reader and the first
+/// read together, as it bounds all of any request's Redis work.
+pub async fn subscribe(
+    events: &Events,
+    sub: Subscription,
+    deadline: &Deadline,
+    cursor: Cursor,
+) -> Result<Body, Error> {
     let (live, feed) = events.hub.subscribe(&sub.show).ok_or(Error::Overloaded)?;
-    wait_started(&sub.cluster, feed).await?;
-    let deadline = sub.cluster.deadline();
-    let first = read(&sub.cluster, &sub.keys, &deadline, &sub.show, cursor, PAGE).await?;
+    wait_started(deadline, feed).await?;
+    let first = read(&sub.cluster, &sub.keys, deadline, &sub.show, cursor, PAGE).await?;
     let newest = first.newest;
     let start = match cursor {
         Cursor::After(id) | Cursor::Resume(id) => id,
@@ -89,9 +95,8 @@ pub async fn subscribe(events: &Events, sub: Subscription, cursor: Cursor) -> Re
 }
 
 /// Waits until the show's reader has pinned its start (see [`Feed`]).
-async fn wait_started(cluster: &Cluster, mut feed: Feed) -> Result<(), Error> {
-    cluster
-        .deadline()
+async fn wait_started(deadline: &Deadline, mut feed: Feed) -> Result<(), Error> {
+    deadline
         .within(async {
             feed.started
                 .wait_for(|started| *started)

@@ -377,7 +377,13 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
             closing: req.app.closing.subscribe(),
             disconnect: req.head.extensions.get::<super::Disconnect>().cloned(),
         };
-        let body = sse::subscribe(events, sub, cursor.unwrap_or(Cursor::Newest)).await?;
+        let body = sse::subscribe(
+            events,
+            sub,
+            &req.deadline(),
+            cursor.unwrap_or(Cursor::Newest),
+        )
+        .await?;
         let mut resp = hyper::Response::new(body);
         let headers = resp.headers_mut();
         headers.insert(
