@@ -1021,6 +1021,93 @@ async fn patch_a_hold() {
     }
 }
 
+/// A hold made with `POST /v1/holds` whose seats and units are all in the
+/// home show changes like any other, keeping its shape (`{show, seat}`
+/// elements, a list of pools); one that spans two shows is refused with
+/// 400, as its other show's seats cannot be named in a PATCH. Before, every
+/// hold made with `POST /v1/holds` was refused.
+#[tokio::test]
+async fn patch_a_hold_made_with_post_v1_holds() {
+    let _guard = common::shared().await;
+    let s = server_with(options()).await;
+    let api = Api::new(&s.base);
+    let sh = show("patchm");
+    api.set_pool(&sh, "floor", 10).await;
+    let (status, hold) = api
+        .post(
+            "/v1/holds",
+            json!({"seats": [
+                {"show": sh, "seat": "A1"},
+                {"show": sh, "seat": "A2"},
+                {"show": sh, "pool": "floor", "quantity": 1}
+            ], "ttlMs": 60000}),
+        )
+        .await;
+    assert_eq!(status, 201, "{hold}");
+    let t = token(&hold);
+    let path = format!("/v1/shows/{sh}/holds/{t}");
+    let (status, changed) = api
+        .patch(
+            &path,
+            json!({"add": ["A3"], "remove": ["A1"], "pools": {"floor": 2}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{changed}");
+    assert_eq!(
+        changed["seats"],
+        json!([{"show": sh, "seat": "A2"}, {"show": sh, "seat": "A3"}]),
+        "{changed}"
+    );
+    assert_eq!(
+        changed["pools"],
+        json!([{"show": sh, "pool": "floor", "quantity": 2}]),
+        "{changed}"
+    );
+    assert!(
+        changed["fence"].as_i64() > hold["fence"].as_i64(),
+        "{changed} after {hold}"
+    );
+    let (status, read) = api.get(&path).await;
+    assert_eq!(status, 200, "{read}");
+    for f in ["seats", "pools", "fence", "expiresAt"] {
+        assert_eq!(read[f], changed[f], "{f}: {read} vs {changed}");
+    }
+    let (_, states) = api.get(&format!("/v1/shows/{sh}/seats?ids=A1,A2,A3")).await;
+    assert_eq!(states["seats"]["A1"]["state"], "free", "{states}");
+    assert_eq!(states["seats"]["A3"]["state"], "held", "{states}");
+    assert_eq!(api.pool(&sh, "floor").await, (10, 2, 0, 8));
+    // A taken seat: 409, nothing changes.
+    api.hold_ok(&sh, json!({"seats": ["B1"], "ttlMs": 60000}))
+        .await;
+    let (status, body) = api.patch(&path, json!({"add": ["B1"]})).await;
+    assert_error(status, &body, 409, "seats_taken");
+    let (_, read) = api.get(&path).await;
+    assert_eq!(read["seats"], changed["seats"], "{read}");
+    // Confirmed, it is sold as changed.
+    let (status, sold) = api.call("POST", &format!("{path}/confirm"), None).await;
+    assert_eq!(status, 200, "{sold}");
+    assert_eq!(sold["seats"], changed["seats"], "{sold}");
+    assert_eq!(api.pool(&sh, "floor").await, (10, 0, 2, 8));
+
+    // Two shows of one slot: the other show's seats cannot be named.
+    let other = common::show_where("patchm", |slot| slot == common::slot_of(&sh));
+    let (status, two) = api
+        .post(
+            "/v1/holds",
+            json!({"seats": [
+                {"show": sh, "seat": "C1"},
+                {"show": other, "seat": "C1"}
+            ], "ttlMs": 60000}),
+        )
+        .await;
+    assert_eq!(status, 201, "{two}");
+    let path = format!("/v1/shows/{sh}/holds/{}", token(&two));
+    let (status, body) = api.patch(&path, json!({"add": ["C2"]})).await;
+    assert_error(status, &body, 400, "invalid_request");
+    let (_, read) = api.get(&path).await;
+    assert_eq!(read["seats"], two["seats"], "{read}");
+}
+
 /// A PATCH that would take a holder past its limit is refused whole.
 #[tokio::test]
 async fn patch_within_the_holder_limit() {

@@ -14,7 +14,7 @@ use crate::error::Error;
 use crate::idempotency::{Idem, Recorded};
 use crate::ids::{HoldToken, PoolId, SeatId, ShowId};
 use crate::metrics as m;
-use crate::model::{Contents, Hold, PoolUnits, Seats};
+use crate::model::{Contents, Hold, PoolUnits, SeatRef, Seats};
 
 /// A change: seats to add and to give back, and new pool quantities (0
 /// gives a pool's units back).
@@ -159,12 +159,7 @@ impl Service {
         change: &'a Change,
         run: &RunKey<'_>,
     ) -> Result<(Vec<String>, usize, Vec<&'a PoolId>), Error> {
-        let Seats::Show(old_seats) = &old.seats else {
-            return Err(Error::InvalidRequest(
-                "a hold made with POST /v1/holds cannot be changed; release it and hold again"
-                    .into(),
-            ));
-        };
+        let old_seats = home_seats(show, old)?;
         let kept: Vec<&SeatId> = old_seats
             .iter()
             .filter(|s| !change.remove.contains(s))
@@ -196,12 +191,7 @@ impl Service {
 
     /// The hold's contents after `change`, checked without Redis.
     fn changed(&self, show: &ShowId, old: &Contents, change: &Change) -> Result<Contents, Error> {
-        let Seats::Show(seats) = &old.seats else {
-            return Err(Error::InvalidRequest(
-                "a hold made with POST /v1/holds cannot be changed; release it and hold again"
-                    .into(),
-            ));
-        };
+        let seats = home_seats(show, old)?;
         for seat in &change.remove {
             if !seats.contains(seat) {
                 return Err(Error::InvalidRequest(format!(
@@ -231,8 +221,22 @@ impl Service {
         }
         pools.retain(|_, q| *q > 0);
         self.check_count(pools.len())?;
+        // A hold made with POST /v1/holds keeps its shape.
+        let new_seats = if old.seats.is_multi() {
+            Seats::Multi(
+                new_seats
+                    .into_iter()
+                    .map(|seat| SeatRef {
+                        show: show.clone(),
+                        seat,
+                    })
+                    .collect(),
+            )
+        } else {
+            Seats::Show(new_seats)
+        };
         let new = Contents {
-            seats: Seats::Show(new_seats),
+            seats: new_seats,
             pools: pools
                 .into_iter()
                 .map(|(pool, quantity)| PoolUnits {
@@ -249,5 +253,22 @@ impl Service {
             ));
         }
         Ok(new)
+    }
+}
+
+/// The seats of `old`, a hold of `show` alone: made under
+/// `/v1/shows/{show}/…`, or with `POST /v1/holds` naming no other show (a
+/// PATCH names seats and pools of the route's show only). A hold of
+/// several shows cannot be changed.
+fn home_seats(show: &ShowId, old: &Contents) -> Result<Vec<SeatId>, Error> {
+    let only_home = old.pools.iter().all(|p| &p.show == show);
+    match &old.seats {
+        Seats::Show(seats) => Ok(seats.clone()),
+        Seats::Multi(seats) if only_home && seats.iter().all(|r| &r.show == show) => {
+            Ok(seats.iter().map(|r| r.seat.clone()).collect())
+        }
+        Seats::Multi(_) => Err(Error::InvalidRequest(
+            "a hold of several shows cannot be changed; release it and hold again".into(),
+        )),
     }
 }
