@@ -35,6 +35,29 @@ pub enum Command {
     /// when a check fails. Takes serve's flags and uses the Redis ones,
     /// --key-prefix, --redis-timeout-ms and --confirm-wait-replicas.
     Doctor(DoctorOptions),
+    /// Delete every Redis key of shows that are over: sold seats, sale
+    /// records, event streams, pools, settings and holder counters have no
+    /// TTL. Takes serve's flags and uses the Redis ones and --key-prefix;
+    /// run it as a user that may run CLUSTER COUNTKEYSINSLOT, CLUSTER
+    /// GETKEYSINSLOT and UNLINK. Prints one line per show; exits 1 when a
+    /// show was refused (seats still held, without --force) or Redis failed.
+    DeleteShow(DeleteShowOptions),
+}
+
+/// Options of `seathold delete-show`.
+#[derive(Debug, Args)]
+pub struct DeleteShowOptions {
+    #[command(flatten)]
+    pub options: Options,
+    /// The shows to delete.
+    #[arg(required = true, value_name = "SHOW")]
+    pub shows: Vec<String>,
+    /// Delete a show even while some of its seats are held.
+    #[arg(long)]
+    pub force: bool,
+    /// Count what would be deleted; delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// Options of `seathold doctor`: those of `serve`, so that the doctor checks

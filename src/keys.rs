@@ -130,6 +130,11 @@ impl KeySpace {
         self.record(show.as_ref(), "idem", key)
     }
 
+    /// `<prefix>{show:<show>}`: what every key of the show starts with.
+    pub fn show_tag(&self, show: &(impl AsRef<str> + ?Sized)) -> String {
+        self.tagged(show.as_ref(), 0)
+    }
+
     /// `<prefix>{show:<show>}#<name>`: one of the show's own keys.
     fn show_key(&self, show: &str, name: &str) -> String {
         let mut key = self.tagged(show, name.len() + 1);

@@ -35,10 +35,12 @@
 //! - [`dev`]: a local Redis Cluster from `redis-server`, for `seathold dev`
 //!   and the tests.
 //! - [`doctor`]: `seathold doctor`, the pre-on-sale checks of a cluster.
+//! - [`delete_show`]: `seathold delete-show`, the keys of shows that are over.
 //! - [`logging`]: log lines on stderr, text or JSON.
 
 pub mod cluster;
 pub mod config;
+pub mod delete_show;
 pub mod dev;
 pub mod doctor;
 pub mod error;

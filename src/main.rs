@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use seathold::config::{Cli, Command, Options};
+use seathold::config::{Cli, Command, DeleteShowOptions, Options};
 use seathold::server::{self, StartError};
 
 /// Many small, short-lived allocations per request (bodies, keys, JSON):
@@ -17,6 +17,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Dev(dev)) => dev_command(dev).await,
         Some(Command::Doctor(doctor)) => return doctor_command(doctor.options).await,
+        Some(Command::DeleteShow(delete)) => return delete_show_command(delete).await,
         Some(Command::Serve(opts)) => serve(opts).await,
         None => serve(cli.serve).await,
     };
@@ -83,4 +84,57 @@ async fn doctor_command(mut opts: Options) -> ExitCode {
         }
         Err(err) => config_error(err),
     }
+}
+
+/// Prints one line per show on stdout; 1 when a show was refused or Redis
+/// failed, 2 for settings `serve` would refuse or an invalid show id.
+async fn delete_show_command(delete: DeleteShowOptions) -> ExitCode {
+    let mut opts = delete.options;
+    if let Err(err) = seathold::logging::init(opts.log_format, &opts.log) {
+        return config_error(err.into());
+    }
+    opts.settle();
+    if let Err(err) = opts.validate() {
+        return config_error(err.into());
+    }
+    let redis = match opts.redis() {
+        Ok(redis) => redis,
+        Err(err) => return config_error(err.into()),
+    };
+    let mut shows = Vec::with_capacity(delete.shows.len());
+    for raw in &delete.shows {
+        match seathold::ids::ShowId::parse(raw) {
+            Ok(show) => shows.push(show),
+            Err(_) => {
+                eprintln!(
+                    "seathold: {raw:?} is not a show id (1-64 characters from [A-Za-z0-9_.-])"
+                );
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let keys = seathold::keys::KeySpace::new(opts.key_prefix.clone());
+    let deleter = match seathold::delete_show::Deleter::connect(&redis, keys).await {
+        Ok(deleter) => deleter,
+        Err(why) => {
+            eprintln!("seathold: {why}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut code = ExitCode::SUCCESS;
+    for show in &shows {
+        match deleter.delete(show, delete.force, delete.dry_run).await {
+            Ok(outcome) => {
+                println!("{outcome}");
+                if outcome.verdict == seathold::delete_show::Verdict::Refused {
+                    code = ExitCode::FAILURE;
+                }
+            }
+            Err(why) => {
+                eprintln!("seathold: show {show}: {why}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    code
 }

@@ -179,50 +179,23 @@ impl Nodes {
         seeds: &[String],
         timeout: Duration,
     ) -> Result<Self, String> {
-        let mut failures = Vec::new();
-        for url in seeds {
-            let Ok(info) = url.as_str().into_connection_info() else {
-                continue;
-            };
-            let seed = info.addr().to_string();
-            let answer = async {
-                let mut conn = connect(&cluster, &seed, timeout).await?;
-                let slots: Value = query(&mut conn, redis::cmd("CLUSTER").arg("SLOTS"), timeout)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let info: String = query(&mut conn, redis::cmd("CLUSTER").arg("INFO"), timeout)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let topo = Topology::from_cluster_slots(&slots, &seed)
-                    .ok_or_else(|| "unexpected CLUSTER SLOTS reply".to_owned())?;
-                Ok::<_, String>((topo, info))
-            };
-            match answer.await {
-                Ok((topo, info)) => {
-                    let mut conns = BTreeMap::new();
-                    let replicas = topo.ranges().iter().flat_map(|r| r.replicas.iter());
-                    for addr in topo.masters.iter().chain(replicas) {
-                        if !conns.contains_key(addr) {
-                            let conn = connect(&cluster, addr, timeout).await;
-                            conns.insert(addr.clone(), conn);
-                        }
-                    }
-                    return Ok(Self {
-                        cluster,
-                        timeout,
-                        topo,
-                        info,
-                        seed,
-                        conns,
-                    });
-                }
-                Err(why) => failures.push(format!("{seed}: {why}")),
+        let (topo, info, seed) = slot_map(&cluster, seeds, timeout).await?;
+        let mut conns = BTreeMap::new();
+        let replicas = topo.ranges().iter().flat_map(|r| r.replicas.iter());
+        for addr in topo.masters.iter().chain(replicas) {
+            if !conns.contains_key(addr) {
+                let conn = connect(&cluster, addr, timeout).await;
+                conns.insert(addr.clone(), conn);
             }
         }
-        Err(format!(
-            "no seed node answered CLUSTER SLOTS ({})",
-            failures.join("; ")
-        ))
+        Ok(Self {
+            cluster,
+            timeout,
+            topo,
+            info,
+            seed,
+            conns,
+        })
     }
 
     /// The masters' connections (those that could be made).
@@ -250,9 +223,45 @@ impl Nodes {
     }
 }
 
+/// The slot map and `CLUSTER INFO` from the first of `seeds` that answers,
+/// and its `host:port`.
+pub(crate) async fn slot_map(
+    cluster: &Cluster,
+    seeds: &[String],
+    timeout: Duration,
+) -> Result<(Topology, String, String), String> {
+    let mut failures = Vec::new();
+    for url in seeds {
+        let Ok(info) = url.as_str().into_connection_info() else {
+            continue;
+        };
+        let seed = info.addr().to_string();
+        let answer = async {
+            let mut conn = connect(cluster, &seed, timeout).await?;
+            let slots: Value = query(&mut conn, redis::cmd("CLUSTER").arg("SLOTS"), timeout)
+                .await
+                .map_err(|e| e.to_string())?;
+            let info: String = query(&mut conn, redis::cmd("CLUSTER").arg("INFO"), timeout)
+                .await
+                .map_err(|e| e.to_string())?;
+            let topo = Topology::from_cluster_slots(&slots, &seed)
+                .ok_or_else(|| "unexpected CLUSTER SLOTS reply".to_owned())?;
+            Ok::<_, String>((topo, info))
+        };
+        match answer.await {
+            Ok((topo, info)) => return Ok((topo, info, seed)),
+            Err(why) => failures.push(format!("{seed}: {why}")),
+        }
+    }
+    Err(format!(
+        "no seed node answered CLUSTER SLOTS ({})",
+        failures.join("; ")
+    ))
+}
+
 /// A connection to one node, with the seeds' credentials and TLS, within
 /// `timeout`.
-async fn connect(
+pub(crate) async fn connect(
     cluster: &Cluster,
     addr: &str,
     timeout: Duration,
@@ -265,7 +274,7 @@ async fn connect(
     }
 }
 
-async fn query<T: FromRedisValue>(
+pub(crate) async fn query<T: FromRedisValue>(
     conn: &mut MultiplexedConnection,
     cmd: &Cmd,
     timeout: Duration,

@@ -1,0 +1,225 @@
+//! `seathold delete-show`, the real binary against the shared cluster: a
+//! show that is over leaves no key behind (sold seats, sale records, its
+//! event stream, pools, settings and idempotency records included) while
+//! another show of the same slot keeps every key; `--dry-run` deletes
+//! nothing; a show with a seat still held is refused unless `--force`; a
+//! bad show id is a configuration error.
+
+mod common;
+
+use std::process::Command;
+
+use common::{keys_in_slot, options, server_with, show, show_where, slot_of, TestServer};
+use serde_json::json;
+
+/// Runs `seathold delete-show` on the shared cluster with `args`; answers
+/// the exit code and stdout plus stderr.
+fn delete_show(args: &[&str]) -> (Option<i32>, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_seathold"));
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("SEATHOLD_") {
+            cmd.env_remove(name);
+        }
+    }
+    let out = cmd
+        .arg("delete-show")
+        .args(["--redis-nodes", &common::cluster().seed_urls().join(",")])
+        .args(args)
+        .output()
+        .expect("run seathold delete-show");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
+/// The keys of `sh` on its master, sorted.
+async fn keys_of(sh: &str) -> Vec<String> {
+    let tag = format!("seat-hold:{{show:{sh}}}");
+    keys_in_slot(slot_of(sh))
+        .await
+        .1
+        .into_iter()
+        .filter(|k| k.starts_with(&tag))
+        .collect()
+}
+
+/// Holds `seats` of `sh`; answers the token.
+async fn hold(s: &TestServer, sh: &str, seats: &[&str]) -> String {
+    let (status, body) = s
+        .post(
+            &format!("/v1/shows/{sh}/holds"),
+            json!({"seats": seats, "ttlMs": 60000}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    body["holdToken"].as_str().expect("token").to_owned()
+}
+
+async fn state(s: &TestServer, sh: &str, seat: &str) -> String {
+    let (status, body) = s.get(&format!("/v1/shows/{sh}/seats/{seat}")).await;
+    assert_eq!(status, 200, "{body}");
+    body["state"].as_str().expect("state").to_owned()
+}
+
+#[tokio::test]
+async fn a_show_that_is_over_leaves_no_key_and_its_neighbour_keeps_all() {
+    let _guard = common::shared().await;
+    let s = server_with(options()).await;
+    let sh = show("over");
+    let neighbour = show_where("over", |slot| slot == slot_of(&sh));
+
+    // Everything a show writes: sold seats and their sale record, a
+    // released hold, a pool, settings, an Idempotency-Key's record, events.
+    let (status, body) = s
+        .call(
+            "PUT",
+            &format!("/v1/shows/{sh}/pools/floor"),
+            Some(json!({"capacity": 10})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = s
+        .call(
+            "PUT",
+            &format!("/v1/shows/{sh}/settings"),
+            Some(json!({"maxPerHolder": 8})),
+        )
+        .await;
+    assert!(status == 200 || status == 204, "{status} {body}");
+    let sold = hold(&s, &sh, &["E1", "E2"]).await;
+    let (status, body) = s.confirm(&sh, &sold).await;
+    assert_eq!(status, 200, "{body}");
+    let released = hold(&s, &sh, &["E3"]).await;
+    let (status, _) = s
+        .call("DELETE", &format!("/v1/shows/{sh}/holds/{released}"), None)
+        .await;
+    assert_eq!(status, 204);
+    let units = s
+        .post(
+            &format!("/v1/shows/{sh}/holds"),
+            json!({"pools": {"floor": 2}, "ttlMs": 60000}),
+        )
+        .await;
+    assert_eq!(units.0, 201, "{}", units.1);
+    let token = units.1["holdToken"].as_str().expect("token").to_owned();
+    let (status, body) = s.confirm(&sh, &token).await;
+    assert_eq!(status, 200, "{body}");
+
+    // The neighbour, in the same slot: a seat sold and one held.
+    let other = hold(&s, &neighbour, &["F1"]).await;
+    let (status, body) = s.confirm(&neighbour, &other).await;
+    assert_eq!(status, 200, "{body}");
+    hold(&s, &neighbour, &["F2"]).await;
+
+    let before = keys_of(&sh).await;
+    let neighbour_before = keys_of(&neighbour).await;
+    for part in [
+        "}:E1",
+        "}:E2",
+        "}#sale:",
+        "}#events",
+        "}#pool",
+        "}#settings",
+    ] {
+        assert!(
+            before.iter().any(|k| k.contains(part)),
+            "no key with {part:?} among {before:?}"
+        );
+    }
+
+    let (code, out) = delete_show(&["--dry-run", &sh]);
+    assert_eq!(code, Some(0), "{out}");
+    let line = format!(
+        "would delete  show {sh}: keys {}, seats sold 2, seats held 0 (",
+        before.len()
+    );
+    assert!(out.contains(&line), "{line:?} not in {out}");
+    assert_eq!(keys_of(&sh).await, before, "--dry-run deleted keys");
+
+    let (code, out) = delete_show(&[&sh]);
+    assert_eq!(code, Some(0), "{out}");
+    let line = format!(
+        "deleted  show {sh}: keys {}, seats sold 2, seats held 0 (",
+        before.len()
+    );
+    assert!(out.contains(&line), "{line:?} not in {out}");
+    assert!(out.contains(&format!(", slot {}", slot_of(&sh))), "{out}");
+    assert_eq!(keys_of(&sh).await, Vec::<String>::new(), "keys left");
+    assert_eq!(
+        keys_of(&neighbour).await,
+        neighbour_before,
+        "the neighbour's keys changed"
+    );
+
+    // The daemon sees a show that never sold anything; the neighbour is
+    // as it was.
+    assert_eq!(state(&s, &sh, "E1").await, "free");
+    assert_eq!(state(&s, &neighbour, "F1").await, "sold");
+    assert_eq!(state(&s, &neighbour, "F2").await, "held");
+    hold(&s, &sh, &["E1"]).await;
+
+    // Nothing left to delete: 0 keys, exit 0.
+    let empty = show("none");
+    let (code, out) = delete_show(&[&empty]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains(&format!(
+            "deleted  show {empty}: keys 0, seats sold 0, seats held 0 ("
+        )),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn a_show_with_a_seat_held_is_refused_unless_forced() {
+    let _guard = common::shared().await;
+    let s = server_with(options()).await;
+    let sh = show("live");
+    let sold = hold(&s, &sh, &["A1"]).await;
+    let (status, body) = s.confirm(&sh, &sold).await;
+    assert_eq!(status, 200, "{body}");
+    hold(&s, &sh, &["A2", "A3"]).await;
+    let done = show("done");
+    let token = hold(&s, &done, &["B1"]).await;
+    let (status, body) = s.confirm(&done, &token).await;
+    assert_eq!(status, 200, "{body}");
+    let before = keys_of(&sh).await;
+
+    // Refused; the next show of the same command is deleted all the same.
+    let (code, out) = delete_show(&[&sh, &done, "--force=false"]);
+    assert_eq!(code, Some(2), "--force takes no value: {out}");
+    assert_eq!(state(&s, &done, "B1").await, "sold");
+    let (code, out) = delete_show(&[&sh, &done]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains(&format!("deleted  show {done}: keys ")),
+        "{out}"
+    );
+    assert_eq!(keys_of(&done).await, Vec::<String>::new());
+    assert!(
+        out.contains(&format!(
+            "refused  show {sh}: keys {}, seats sold 1, seats held 2 (",
+            before.len()
+        )),
+        "{out}"
+    );
+    assert!(out.contains("--force"), "says how to go on: {out}");
+    assert_eq!(keys_of(&sh).await, before, "a refused show lost keys");
+
+    let (code, out) = delete_show(&["--force", &sh]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains(&format!("deleted  show {sh}:")), "{out}");
+    assert_eq!(keys_of(&sh).await, Vec::<String>::new());
+    assert_eq!(state(&s, &sh, "A2").await, "free");
+
+    // Not a show id, or none: configuration errors, nothing deleted.
+    let (code, out) = delete_show(&["no/show"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("is not a show id"), "{out}");
+    let (code, out) = delete_show(&[]);
+    assert_eq!(code, Some(2), "{out}");
+    assert_eq!(state(&s, &done, "B1").await, "free");
+}
