@@ -4,7 +4,9 @@
 //! servers in-process. Shutdown is in three steps: `/readyz` turns 503 at
 //! once; the server keeps accepting and serving for the drain time, so load
 //! balancers notice and move traffic; then it stops accepting, lets requests
-//! in flight finish (bounded, since every Redis call is), and returns.
+//! in flight finish (bounded, since every Redis call is), gives the
+//! background releases of holds answered 503 one more Redis timeout while
+//! its tasks stop, and returns.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -202,7 +204,18 @@ pub async fn run(
     if let Some(events) = &app.events {
         events.hub.close();
     }
-    tasks.stop().await;
+    // Holds answered 503 just now (or cut off above) may have run in Redis:
+    // their releases get one more Redis timeout, alongside the tasks' stop.
+    let orphans = app
+        .service
+        .drain_orphans(Duration::from_millis(opts.redis_timeout_ms));
+    let ((), left) = tokio::join!(tasks.stop(), orphans);
+    if left > 0 {
+        tracing::warn!(
+            holds = left,
+            "holds left without an answer were not released in time; they expire by themselves"
+        );
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -681,3 +681,77 @@ async fn the_doctors_scratch_keys_expire_when_it_cannot_delete_them() {
     }
     assert!(scratch >= 3, "the scratch keys left behind: {scratch}");
 }
+
+/// A hold answered 503 whose script ran after all is released in the
+/// background; at shutdown the daemon gives such releases one Redis
+/// timeout more instead of dropping them with the process. Here the hold
+/// waits in a frozen master's socket past its 503 and runs when the master
+/// thaws, while its release (abandon.lua, whose first call is a `GET` the
+/// hold's own calls do without) is refused by the ACL until just after
+/// SIGTERM: before, the daemon exited at once and the seat stayed held for
+/// the hold's whole TTL.
+#[tokio::test]
+async fn a_release_pending_at_shutdown_gets_one_more_redis_timeout() {
+    struct Thaw(u16);
+    impl Drop for Thaw {
+        fn drop(&mut self) {
+            let _ = cluster().resume(self.0);
+        }
+    }
+    let _alone = common::exclusive().await;
+    let user = "seathold-drain";
+    set_user(user, &seathold_rules()).await;
+    let no_get: Vec<String> = seathold_rules()
+        .into_iter()
+        .chain(["-get".to_owned()])
+        .collect();
+    let sh = show("drain");
+    let (_, master) = common::slot_and_master(&sh).await;
+    let mut daemon = common::Daemon::start(&[
+        "--redis-username",
+        user,
+        "--redis-password",
+        PASSWORD,
+        "--redis-timeout-ms",
+        "300",
+        "--shutdown-drain-ms",
+        "0",
+    ])
+    .await;
+    set_user(user, &no_get).await;
+
+    cluster().pause(master).expect("SIGSTOP the master");
+    let thaw = Thaw(master);
+    let frozen = std::time::Instant::now();
+    let answer = reqwest::Client::new()
+        .post(format!("{}/v1/shows/{sh}/seats/A1/hold", daemon.base))
+        .json(&json!({"ttlMs": 60000}))
+        .send()
+        .await
+        .expect("hold");
+    assert_eq!(answer.status().as_u16(), 503);
+    tokio::time::sleep_until((frozen + Duration::from_millis(1000)).into()).await;
+    drop(thaw);
+    let seat = format!("seat-hold:{{show:{sh}}}:A1");
+    let mut r = common::redis().await;
+    common::eventually(Duration::from_secs(5), "the hold's script to run", || {
+        let (mut r, seat) = (r.clone(), seat.clone());
+        async move { r.exists::<_, bool>(&seat).await.unwrap_or(false) }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    daemon.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    set_user(user, &seathold_rules()).await;
+    assert_eq!(
+        daemon.wait_exit(Duration::from_secs(10)).await,
+        Some(0),
+        "exit code"
+    );
+    let held: Option<String> = r.get(&seat).await.expect("GET");
+    assert_eq!(
+        held, None,
+        "the seat of the hold answered 503 is still held after the daemon stopped"
+    );
+}

@@ -286,6 +286,7 @@ impl Service {
             return;
         };
         let cluster = Arc::clone(&self.cluster);
+        let mut running = self.orphans.start();
         runtime.spawn(async move {
             let give_up = Instant::now() + Duration::from_millis(ttl_ms);
             let mut backoff = Duration::from_millis(50);
@@ -312,7 +313,7 @@ impl Service {
                         return;
                     }
                     Err(_) => {
-                        tokio::time::sleep(backoff).await;
+                        running.pause(backoff).await;
                         backoff = (backoff * 2).min(Duration::from_secs(1));
                     }
                 }

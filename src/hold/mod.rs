@@ -31,6 +31,7 @@ mod grant;
 mod inventory;
 mod lookup;
 mod modify;
+mod orphans;
 mod plan;
 
 pub use modify::Change;
@@ -116,6 +117,8 @@ pub struct Service {
     sweeper: Option<Arc<Sweeper>>,
     /// The local seat views of busy shows (events on, view on).
     views: Option<Arc<Views>>,
+    /// Releases of holds left without an answer, running in the background.
+    orphans: Arc<orphans::Orphans>,
 }
 
 impl Service {
@@ -132,7 +135,15 @@ impl Service {
             limits,
             sweeper,
             views,
+            orphans: Arc::default(),
         }
+    }
+
+    /// At shutdown: gives the background releases of holds left without an
+    /// answer up to `bound` to finish, each trying again at once; answers
+    /// how many did not (their holds expire by themselves).
+    pub async fn drain_orphans(&self, bound: std::time::Duration) -> usize {
+        self.orphans.drain(bound).await
     }
 
     /// The seat view of `show` when it is busy enough for one, counting this
