@@ -692,12 +692,6 @@ async fn the_doctors_scratch_keys_expire_when_it_cannot_delete_them() {
 /// the hold's whole TTL.
 #[tokio::test]
 async fn a_release_pending_at_shutdown_gets_one_more_redis_timeout() {
-    struct Thaw(u16);
-    impl Drop for Thaw {
-        fn drop(&mut self) {
-            let _ = cluster().resume(self.0);
-        }
-    }
     let _alone = common::exclusive().await;
     let user = "seathold-drain";
     set_user(user, &seathold_rules()).await;
@@ -720,8 +714,7 @@ async fn a_release_pending_at_shutdown_gets_one_more_redis_timeout() {
     .await;
     set_user(user, &no_get).await;
 
-    cluster().pause(master).expect("SIGSTOP the master");
-    let thaw = Thaw(master);
+    let thaw = common::Frozen::new(master);
     let frozen = std::time::Instant::now();
     let answer = reqwest::Client::new()
         .post(format!("{}/v1/shows/{sh}/seats/A1/hold", daemon.base))

@@ -2164,12 +2164,6 @@ async fn periodic_scans_are_shared_between_instances() {
 /// answered 0, and no instance counted the event that was in the stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expiry_whose_sweep_answer_was_lost_is_counted_once() {
-    struct Thaw(u16);
-    impl Drop for Thaw {
-        fn drop(&mut self) {
-            let _ = cluster().resume(self.0);
-        }
-    }
     let _alone = common::exclusive().await;
     let d = Daemon::start(&["--redis-timeout-ms", "500"]).await;
     let api = Api::new(&d.base);
@@ -2182,8 +2176,7 @@ async fn an_expiry_whose_sweep_answer_was_lost_is_counted_once() {
     // first sweeps have timed out; under the cluster's node timeout, so no
     // failover.
     tokio::time::sleep_until((made + Duration::from_millis(900)).into()).await;
-    cluster().pause(master).expect("SIGSTOP the master");
-    let thaw = Thaw(master);
+    let thaw = common::Frozen::new(master);
     tokio::time::sleep(Duration::from_millis(1_400)).await;
     drop(thaw);
     eventually(

@@ -443,15 +443,8 @@ async fn hold_while_master_frozen(
     key: Option<&str>,
     freeze_ms: u64,
 ) -> (Reply, Instant) {
-    struct Thaw(u16);
-    impl Drop for Thaw {
-        fn drop(&mut self) {
-            let _ = cluster().resume(self.0);
-        }
-    }
     let master = master_of(show).await;
-    cluster().pause(master).expect("SIGSTOP the master");
-    let thaw = Thaw(master);
+    let thaw = common::Frozen::new(master);
     let frozen = Instant::now();
     let reply = send(
         s,
@@ -574,15 +567,8 @@ async fn hold_whose_client_gave_up_leaves_no_seat_held() {
     let sh = show("gave-up");
     s.hold(&sh, &["warm"]).await;
     let master = master_of(&sh).await;
-    cluster().pause(master).expect("SIGSTOP the master");
-    struct Thaw(u16);
-    impl Drop for Thaw {
-        fn drop(&mut self) {
-            let _ = cluster().resume(self.0);
-        }
-    }
     let orphans = s.metric("seathold_orphan_releases_total").await;
-    let thaw = Thaw(master);
+    let thaw = common::Frozen::new(master);
     let frozen = Instant::now();
     let conn = send_raw_hold(&s, &sh, "A1").await;
     // The client's own timeout, before the daemon's.

@@ -475,6 +475,24 @@ pub async fn pause_clients(port: u16, ms: u64, mode: &str) {
         .expect("CLIENT PAUSE");
 }
 
+/// A node stopped with `SIGSTOP`, like a hung machine, and resumed
+/// (`SIGCONT`) when dropped: a test that fails meanwhile still leaves the
+/// shared cluster running.
+pub struct Frozen(u16);
+
+impl Frozen {
+    pub fn new(port: u16) -> Self {
+        cluster().pause(port).expect("SIGSTOP the node");
+        Self(port)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = cluster().resume(self.0);
+    }
+}
+
 /// Brings the cluster back to health after a test changed its shape:
 /// resumes the nodes in `paused`, restarts the nodes in `killed`, and waits
 /// until every node agrees on a full slot map.
