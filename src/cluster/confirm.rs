@@ -109,6 +109,13 @@ impl Pool {
         }
     }
 
+    /// Drops the share of every node that is not among `masters` (a
+    /// failover demoted it, a resharding emptied it): its idle connections
+    /// close. Connections in use are dropped when given back.
+    pub(super) fn keep_only(&self, masters: &[String]) {
+        self.lock().retain(|addr, _| masters.contains(addr));
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Master>> {
         // Every change under the lock is one map or vector operation: a
         // panic elsewhere cannot leave it half-changed, so a poisoned lock
@@ -292,5 +299,25 @@ impl Cluster {
             _permit: permit,
             reused: false,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node that is no longer a master keeps no share of the pool (its
+    /// idle connections stayed open for the daemon's life before).
+    #[tokio::test]
+    async fn departed_masters_leave_the_pool() {
+        let pool = Pool::default();
+        let (a, b) = ("10.0.0.1:7000".to_owned(), "10.0.0.2:7000".to_owned());
+        let Idle::Permit(_in_use) = pool.take(&a).await.expect("a") else {
+            panic!("an empty pool has no idle connection");
+        };
+        let _ = pool.take(&b).await.expect("b");
+        pool.keep_only(std::slice::from_ref(&a));
+        let kept: Vec<String> = pool.lock().keys().cloned().collect();
+        assert_eq!(kept, vec![a]);
     }
 }

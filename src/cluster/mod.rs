@@ -451,6 +451,8 @@ impl Cluster {
                 .direct
                 .retain(|addr, _| topo.masters.iter().any(|m| m.as_str() == &**addr));
             direct::publish(&routing.direct);
+            // And so do the idle confirm connections to them.
+            self.confirm_pool.keep_only(&topo.masters);
             topo
         };
         tracing::info!(masters = ?topo.masters, "Redis Cluster topology changed");
