@@ -38,9 +38,10 @@ pub enum Command {
     /// Delete every Redis key of shows that are over: sold seats, sale
     /// records, event streams, pools, settings and holder counters have no
     /// TTL. Takes serve's flags and uses the Redis ones and --key-prefix;
-    /// run it as a user that may run CLUSTER COUNTKEYSINSLOT, CLUSTER
-    /// GETKEYSINSLOT and UNLINK. Prints one line per show; exits 1 when a
-    /// show was refused (seats still held, without --force) or Redis failed.
+    /// run it as a user that may run CLUSTER NODES, COUNTKEYSINSLOT and
+    /// GETKEYSINSLOT, and UNLINK. Prints one line per show; exits 1 when a
+    /// show was refused (live holds, without --force) or not found, or Redis
+    /// failed.
     DeleteShow(DeleteShowOptions),
 }
 
@@ -52,7 +53,7 @@ pub struct DeleteShowOptions {
     /// The shows to delete.
     #[arg(required = true, value_name = "SHOW")]
     pub shows: Vec<String>,
-    /// Delete a show even while some of its seats are held.
+    /// Delete a show even while it has live holds.
     #[arg(long)]
     pub force: bool,
     /// Count what would be deleted; delete nothing.

@@ -6,16 +6,21 @@
 //! of one show's keys carry its hash tag `{show:<show>}`, so they live in
 //! one slot on one master: the command asks that master for the slot's key
 //! names (`CLUSTER COUNTKEYSINSLOT`, `CLUSTER GETKEYSINSLOT`), keeps those
-//! under `<prefix>{show:<show>}`, reads its seats and hold records, and
-//! `UNLINK`s them. It refuses a show with a seat still held (a live hold,
-//! or a raw `SET … NX PX` of another writer) unless `--force` says so.
+//! under `<prefix>{show:<show>}`, finds its live holds (seats held, hold
+//! records, pool units and holder entries not yet expired on Redis's clock)
+//! and `UNLINK`s them. It refuses a show with a live hold (its own, another
+//! show's taking its pool units, or a raw `SET … NX PX` of another writer)
+//! unless `--force` says so, and a slot its master does not serve alone (a
+//! resharding in progress).
 //!
-//! Run it as a user that may run those three commands (the `admin` user of
+//! Run it as a user that may run those commands, `CLUSTER NODES`, `TIME`,
+//! `MGET` and `ZRANGEBYSCORE` (the `admin` user of
 //! `cluster/acl.conf`; the `seathold` user there may not), after the show's
 //! sale has stopped. A daemon that answered the show's requests in the last
 //! 30 s may still know its sold seats from its seat view until the view is
 //! dropped; requests for a deleted show are not expected.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,8 +46,9 @@ pub struct Outcome {
     /// Every key of the show.
     pub keys: usize,
     pub sold_seats: usize,
-    /// Seats held (by a live hold, or by a writer outside seathold).
-    pub held_seats: usize,
+    /// Holds not yet over on Redis's clock with a seat, a record or pool
+    /// units in the show (counted by token: one hold of three seats is one).
+    pub live_holds: usize,
     pub verdict: Verdict,
 }
 
@@ -52,8 +58,17 @@ pub enum Verdict {
     Deleted,
     /// `--dry-run`: nothing deleted.
     WouldDelete,
-    /// Seats still held, and no `--force`: nothing deleted.
+    /// Live holds, and no `--force`: nothing deleted.
     Refused,
+    /// The show has no key: a mistyped id, or deleted already.
+    NotFound,
+}
+
+impl Verdict {
+    /// Whether the command exits 1 for it.
+    pub fn fails(self) -> bool {
+        matches!(self, Self::Refused | Self::NotFound)
+    }
 }
 
 impl fmt::Display for Outcome {
@@ -62,16 +77,23 @@ impl fmt::Display for Outcome {
             Verdict::Deleted => "deleted",
             Verdict::WouldDelete => "would delete",
             Verdict::Refused => "refused",
+            Verdict::NotFound => {
+                return write!(
+                    f,
+                    "not found  show {}: no keys ({}, slot {})",
+                    self.show, self.node, self.slot
+                )
+            }
         };
         write!(
             f,
-            "{verdict}  show {}: keys {}, seats sold {}, seats held {} ({}, slot {})",
-            self.show, self.keys, self.sold_seats, self.held_seats, self.node, self.slot
+            "{verdict}  show {}: keys {}, seats sold {}, holds live {} ({}, slot {})",
+            self.show, self.keys, self.sold_seats, self.live_holds, self.node, self.slot
         )?;
         if self.verdict == Verdict::Refused {
             write!(
                 f,
-                "; seats are still held: stop selling the show and wait until its holds end (at most --max-ttl-ms), or pass --force"
+                "; stop selling the show and wait until its holds end (at most --max-ttl-ms), or pass --force"
             )?;
         }
         Ok(())
@@ -100,16 +122,17 @@ impl Deleter {
         })
     }
 
-    /// Finds the keys of `show` and, unless `dry_run` or refused, deletes
-    /// them. A Redis that does not answer is an error.
+    /// Finds the keys of `show` and, unless `dry_run`, refused or none,
+    /// deletes them. A Redis that does not answer, or a slot its master
+    /// does not serve alone, is an error.
     pub async fn delete(
         &self,
         show: &ShowId,
         force: bool,
         dry_run: bool,
     ) -> Result<Outcome, String> {
-        let (keys, t) = (&self.keys, self.timeout);
-        let slot = keys.show_slot(show);
+        let t = self.timeout;
+        let slot = self.keys.show_slot(show);
         let node = self
             .topology
             .master_of(slot)
@@ -117,6 +140,11 @@ impl Deleter {
             .to_owned();
         let mut conn = connect(&self.cluster, &node, t).await?;
         let fail = |what: &str, e: redis::RedisError| format!("{what} on {node}: {e}");
+        let nodes: String = query(&mut conn, redis::cmd("CLUSTER").arg("NODES"), t)
+            .await
+            .map_err(|e| fail("CLUSTER NODES", e))?;
+        serves_alone(&nodes, slot)
+            .map_err(|why| format!("{node}, slot {slot} of show {show}: {why}"))?;
         let count: usize = query(
             &mut conn,
             redis::cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(slot),
@@ -124,7 +152,7 @@ impl Deleter {
         )
         .await
         .map_err(|e| fail("CLUSTER COUNTKEYSINSLOT", e))?;
-        let in_slot: Vec<String> = query(
+        let in_slot: Vec<Vec<u8>> = query(
             &mut conn,
             redis::cmd("CLUSTER")
                 .arg("GETKEYSINSLOT")
@@ -134,29 +162,29 @@ impl Deleter {
         )
         .await
         .map_err(|e| fail("CLUSTER GETKEYSINSLOT", e))?;
-        let tag = keys.show_tag(show);
-        let own: Vec<String> = in_slot
+        let tag = self.keys.show_tag(show).into_bytes();
+        let own: Vec<Vec<u8>> = in_slot
             .into_iter()
             .filter(|k| k.starts_with(&tag))
             .collect();
-        let seats: Vec<&String> = own
-            .iter()
-            .filter(|k| k[tag.len()..].starts_with(':'))
-            .collect();
-        let (mut sold_seats, mut held_seats) = (0, 0);
-        for batch in seats.chunks(BATCH) {
-            let values: Vec<Option<Vec<u8>>> = query(&mut conn, redis::cmd("MGET").arg(batch), t)
-                .await
-                .map_err(|e| fail("MGET", e))?;
-            for value in values.into_iter().flatten() {
-                if value.starts_with(SOLD_PREFIX.as_bytes()) {
-                    sold_seats += 1;
-                } else {
-                    held_seats += 1;
-                }
-            }
+        let mut outcome = Outcome {
+            show: show.clone(),
+            node: node.clone(),
+            slot,
+            keys: own.len(),
+            sold_seats: 0,
+            live_holds: 0,
+            verdict: Verdict::NotFound,
+        };
+        if own.is_empty() {
+            return Ok(outcome);
         }
-        let verdict = if held_seats > 0 && !force {
+        let (sold, live) = live_holds(&mut conn, &own, tag.len(), t)
+            .await
+            .map_err(|e| fail("reading the show's holds", e))?;
+        outcome.sold_seats = sold;
+        outcome.live_holds = live;
+        outcome.verdict = if live > 0 && !force {
             Verdict::Refused
         } else if dry_run {
             Verdict::WouldDelete
@@ -166,26 +194,137 @@ impl Deleter {
                 .map_err(|e| fail("UNLINK", e))?;
             Verdict::Deleted
         };
-        Ok(Outcome {
-            show: show.clone(),
-            node,
-            slot,
-            keys: own.len(),
-            sold_seats,
-            held_seats,
-            verdict,
+        Ok(outcome)
+    }
+}
+
+/// The sold seats among `keys` (one show's, whose tag is `tag_len` bytes
+/// long), and its live holds, counted by token: seats held (their value is
+/// the token), hold records that are not an abandoned hold's tombstone,
+/// and members `<n>:<token>` of its pools' and holders' sets whose expiry
+/// (the score) is still ahead on Redis's clock; a hold of another show may
+/// take units of this show's pools.
+async fn live_holds(
+    conn: &mut MultiplexedConnection,
+    keys: &[Vec<u8>],
+    tag_len: usize,
+    t: Duration,
+) -> redis::RedisResult<(usize, usize)> {
+    let part = |k: &Vec<u8>| k.get(tag_len..).unwrap_or_default().to_vec();
+    let seats: Vec<&Vec<u8>> = keys.iter().filter(|k| part(k).starts_with(b":")).collect();
+    let records: Vec<&Vec<u8>> = keys
+        .iter()
+        .filter(|k| part(k).starts_with(b"#hold:"))
+        .collect();
+    let sets: Vec<&Vec<u8>> = keys
+        .iter()
+        .filter(|k| {
+            let p = part(k);
+            p.starts_with(b"#pool-holds:") || p.starts_with(b"#holder:")
         })
+        .collect();
+    let mut tokens: HashSet<Vec<u8>> = HashSet::new();
+    let mut sold = 0;
+    for batch in seats.chunks(BATCH) {
+        let values: Vec<Option<Vec<u8>>> = query(conn, redis::cmd("MGET").arg(batch), t).await?;
+        for value in values.into_iter().flatten() {
+            if value.starts_with(SOLD_PREFIX.as_bytes()) {
+                sold += 1;
+            } else {
+                tokens.insert(value);
+            }
+        }
+    }
+    for batch in records.chunks(BATCH) {
+        let values: Vec<Option<Vec<u8>>> = query(conn, redis::cmd("MGET").arg(batch), t).await?;
+        for (key, value) in batch.iter().zip(values) {
+            if value.is_some_and(|v| v != b"abandoned") {
+                let token = part(key).split_off(b"#hold:".len());
+                tokens.insert(token);
+            }
+        }
+    }
+    if !sets.is_empty() {
+        let (secs, micros): (u64, u64) = query(conn, &redis::cmd("TIME"), t).await?;
+        let now = secs * 1000 + micros / 1000;
+        for set in sets {
+            let members: Vec<Vec<u8>> = query(
+                conn,
+                redis::cmd("ZRANGEBYSCORE").arg(set).arg(now).arg("+inf"),
+                t,
+            )
+            .await?;
+            for member in members {
+                if let Some(at) = member.iter().position(|&b| b == b':') {
+                    tokens.insert(member[at + 1..].to_vec());
+                }
+            }
+        }
+    }
+    Ok((sold, tokens.len()))
+}
+
+/// Whether the node whose `CLUSTER NODES` is `nodes` serves `slot` and is
+/// neither migrating it nor importing it: otherwise some of its keys may be
+/// on another node.
+fn serves_alone(nodes: &str, slot: u16) -> Result<(), String> {
+    let myself = nodes
+        .lines()
+        .find(|l| {
+            l.split(' ')
+                .nth(2)
+                .is_some_and(|f| f.split(',').any(|f| f == "myself"))
+        })
+        .ok_or("no `myself` line in CLUSTER NODES")?;
+    let mut serves = false;
+    for entry in myself.split(' ').skip(8) {
+        if let Some(moving) = entry.strip_prefix('[') {
+            if moving.split('-').next() == Some(slot.to_string().as_str()) {
+                return Err("the slot is being moved (a resharding): try again after it".into());
+            }
+            continue;
+        }
+        let (first, last) = entry.split_once('-').unwrap_or((entry, entry));
+        if let (Ok(first), Ok(last)) = (first.parse::<u16>(), last.parse::<u16>()) {
+            serves |= (first..=last).contains(&slot);
+        }
+    }
+    if serves {
+        Ok(())
+    } else {
+        Err("the node does not serve the slot (the slot map changed): try again".into())
     }
 }
 
 /// `UNLINK`s `keys`, all of one slot, in batches.
 async fn unlink(
     conn: &mut MultiplexedConnection,
-    keys: &[String],
+    keys: &[Vec<u8>],
     timeout: Duration,
 ) -> redis::RedisResult<()> {
     for batch in keys.chunks(BATCH) {
         let _: usize = query(conn, redis::cmd("UNLINK").arg(batch), timeout).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::serves_alone;
+
+    const NODES: &str = "\
+07c3 127.0.0.1:30004@40004 master - 0 1 2 connected 5461-10922
+e7d1 127.0.0.1:30002@40002 myself,master - 0 0 1 connected 0-5460 10923 [10924->-07c3]
+292f 127.0.0.1:30003@40003 master - 0 1 3 connected 10925-16383 [10924-<-e7d1]
+";
+
+    #[test]
+    fn a_slot_served_moved_or_not_served() {
+        assert_eq!(serves_alone(NODES, 0), Ok(()));
+        assert_eq!(serves_alone(NODES, 5460), Ok(()));
+        assert_eq!(serves_alone(NODES, 10923), Ok(()));
+        assert!(serves_alone(NODES, 10924).is_err_and(|e| e.contains("being moved")));
+        assert!(serves_alone(NODES, 5461).is_err_and(|e| e.contains("does not serve")));
+        assert!(serves_alone("", 0).is_err());
+    }
 }

@@ -126,7 +126,7 @@ async fn delete_show_command(delete: DeleteShowOptions) -> ExitCode {
         match deleter.delete(show, delete.force, delete.dry_run).await {
             Ok(outcome) => {
                 println!("{outcome}");
-                if outcome.verdict == seathold::delete_show::Verdict::Refused {
+                if outcome.verdict.fails() {
                     code = ExitCode::FAILURE;
                 }
             }

@@ -133,7 +133,7 @@ async fn a_show_that_is_over_leaves_no_key_and_its_neighbour_keeps_all() {
     let (code, out) = delete_show(&["--dry-run", &sh]);
     assert_eq!(code, Some(0), "{out}");
     let line = format!(
-        "would delete  show {sh}: keys {}, seats sold 2, seats held 0 (",
+        "would delete  show {sh}: keys {}, seats sold 2, holds live 0 (",
         before.len()
     );
     assert!(out.contains(&line), "{line:?} not in {out}");
@@ -142,7 +142,7 @@ async fn a_show_that_is_over_leaves_no_key_and_its_neighbour_keeps_all() {
     let (code, out) = delete_show(&[&sh]);
     assert_eq!(code, Some(0), "{out}");
     let line = format!(
-        "deleted  show {sh}: keys {}, seats sold 2, seats held 0 (",
+        "deleted  show {sh}: keys {}, seats sold 2, holds live 0 (",
         before.len()
     );
     assert!(out.contains(&line), "{line:?} not in {out}");
@@ -161,16 +161,64 @@ async fn a_show_that_is_over_leaves_no_key_and_its_neighbour_keeps_all() {
     assert_eq!(state(&s, &neighbour, "F2").await, "held");
     hold(&s, &sh, &["E1"]).await;
 
-    // Nothing left to delete: 0 keys, exit 0.
+    // No key at all (a mistyped id, or deleted already): said, exit 1.
     let empty = show("none");
     let (code, out) = delete_show(&[&empty]);
-    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(code, Some(1), "{out}");
     assert!(
-        out.contains(&format!(
-            "deleted  show {empty}: keys 0, seats sold 0, seats held 0 ("
-        )),
+        out.contains(&format!("not found  show {empty}: no keys (")),
         "{out}"
     );
+}
+
+/// Pool units are held too: a show whose only live hold takes units of its
+/// pool, and a show whose pool lends units to a hold of another show of
+/// the same slot, are refused like a show with a seat held.
+#[tokio::test]
+async fn a_show_with_pool_units_held_is_refused() {
+    let _guard = common::shared().await;
+    let s = server_with(options()).await;
+    let ga = show("ga");
+    let lender = show_where("ga", |slot| slot == slot_of(&ga));
+    for sh in [&ga, &lender] {
+        let (status, body) = s
+            .call(
+                "PUT",
+                &format!("/v1/shows/{sh}/pools/floor"),
+                Some(json!({"capacity": 10})),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, body) = s
+        .post(
+            &format!("/v1/shows/{ga}/holds"),
+            json!({"pools": {"floor": 3}, "ttlMs": 60000}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    // A hold of `ga`'s seat and `lender`'s units: its record is `ga`'s.
+    let (status, body) = s
+        .post(
+            "/v1/holds",
+            json!({"seats": [
+                {"show": ga, "seat": "Z1"},
+                {"show": lender, "pool": "floor", "quantity": 2}
+            ], "ttlMs": 60000}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    for (sh, live) in [(&ga, 2), (&lender, 1)] {
+        let before = keys_of(sh).await;
+        let (code, out) = delete_show(&[sh]);
+        assert_eq!(code, Some(1), "{out}");
+        let said = format!(
+            "refused  show {sh}: keys {}, seats sold 0, holds live {live} (",
+            before.len()
+        );
+        assert!(out.contains(&said), "{said:?} not in {out}");
+        assert_eq!(keys_of(sh).await, before, "a refused show lost keys");
+    }
 }
 
 #[tokio::test]
@@ -201,7 +249,7 @@ async fn a_show_with_a_seat_held_is_refused_unless_forced() {
     assert_eq!(keys_of(&done).await, Vec::<String>::new());
     assert!(
         out.contains(&format!(
-            "refused  show {sh}: keys {}, seats sold 1, seats held 2 (",
+            "refused  show {sh}: keys {}, seats sold 1, holds live 1 (",
             before.len()
         )),
         "{out}"
