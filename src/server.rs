@@ -204,8 +204,10 @@ pub async fn run(
     if let Some(events) = &app.events {
         events.hub.close();
     }
-    // Holds answered 503 just now (or cut off above) may have run in Redis:
-    // their releases get one more Redis timeout, alongside the tasks' stop.
+    // Holds answered 503 before now may have run in Redis after all: their
+    // background releases get one more Redis timeout, alongside the tasks'
+    // stop. (A request still running after the bound above goes on in its
+    // connection's task; a release it starts after this is dropped.)
     let orphans = app
         .service
         .drain_orphans(Duration::from_millis(opts.redis_timeout_ms));

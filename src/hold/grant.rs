@@ -286,19 +286,24 @@ impl Service {
             return;
         };
         let cluster = Arc::clone(&self.cluster);
-        let mut running = self.orphans.start();
+        let mut running = self.orphans.start(token.ref_number());
         runtime.spawn(async move {
             let give_up = Instant::now() + Duration::from_millis(ttl_ms);
             let mut backoff = Duration::from_millis(50);
             loop {
                 let deadline = cluster.deadline();
                 let script = &cluster.scripts().abandon;
-                let done: Result<i64, Error> = cluster
-                    .eval(&deadline, script, &keys, |c| {
-                        c.arg(token.as_str()).arg(ttl_ms);
-                        tail.push(c);
-                    })
-                    .await;
+                let attempt = cluster.eval(&deadline, script, &keys, |c| {
+                    c.arg(token.as_str()).arg(ttl_ms);
+                    tail.push(c);
+                });
+                // At shutdown an attempt starts again with a whole Redis
+                // timeout, which the drain gives it (the script is safe to
+                // run twice).
+                let Some(done): Option<Result<i64, Error>> = running.unless_closing(attempt).await
+                else {
+                    continue;
+                };
                 match done {
                     Ok(released) => {
                         count(m::ORPHAN_RELEASES, 1);

@@ -25,22 +25,27 @@ impl Default for Orphans {
     }
 }
 
-/// Pause between attempts once the daemon is stopping.
-const CLOSING_PAUSE: Duration = Duration::from_millis(50);
+/// Least pause between attempts once the daemon is stopping, in ms; each
+/// release adds up to as much again of its own (so that thousands of them,
+/// after an outage, do not all hit a master that just came back at once).
+const CLOSING_PAUSE_MS: u64 = 50;
 
 impl Orphans {
-    /// Counts a release as running until the answer is dropped.
-    pub fn start(self: &Arc<Self>) -> Running {
+    /// Counts a release as running until the answer is dropped; `seed`
+    /// (random, such as the hold's ref) spreads its attempts at shutdown.
+    pub fn start(self: &Arc<Self>, seed: u64) -> Running {
         self.pending.send_modify(|n| *n += 1);
         Running {
             orphans: Arc::clone(self),
             closing: self.closing.subscribe(),
+            jitter: Duration::from_millis(seed % CLOSING_PAUSE_MS),
         }
     }
 
-    /// At shutdown: every release tries again at once, then every
-    /// [`CLOSING_PAUSE`], until all have ended or `bound` has passed.
-    /// Answers how many had not.
+    /// At shutdown: every release starts a new attempt at once (one waiting
+    /// on Redis gives its attempt up for a new one with a whole Redis
+    /// timeout), then tries every 50-100 ms, until all have ended or `bound`
+    /// has passed. Answers how many had not.
     pub async fn drain(&self, bound: Duration) -> usize {
         self.closing.send_replace(true);
         let mut pending = self.pending.subscribe();
@@ -55,14 +60,30 @@ impl Orphans {
 pub struct Running {
     orphans: Arc<Orphans>,
     closing: watch::Receiver<bool>,
+    jitter: Duration,
 }
 
 impl Running {
+    /// Runs `attempt` to its end, or until the daemon starts stopping
+    /// (`None`: start a new one).
+    pub async fn unless_closing<T>(
+        &mut self,
+        attempt: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        if *self.closing.borrow() {
+            return Some(attempt.await);
+        }
+        tokio::select! {
+            done = attempt => Some(done),
+            _ = self.closing.wait_for(|c| *c) => None,
+        }
+    }
+
     /// Waits `backoff` before the next attempt, or less once the daemon is
     /// stopping.
     pub async fn pause(&mut self, backoff: Duration) {
         if *self.closing.borrow() {
-            tokio::time::sleep(CLOSING_PAUSE).await;
+            tokio::time::sleep(Duration::from_millis(CLOSING_PAUSE_MS) + self.jitter).await;
             return;
         }
         tokio::select! {
@@ -88,7 +109,7 @@ mod tests {
         assert_eq!(orphans.drain(Duration::from_millis(10)).await, 0);
 
         let orphans = Arc::new(Orphans::default());
-        let mut running = orphans.start();
+        let mut running = orphans.start(7);
         let task = tokio::spawn(async move {
             // A long backoff, cut short by the drain.
             running.pause(Duration::from_secs(60)).await;
@@ -99,8 +120,22 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(1));
         task.await.expect("task");
 
+        // An attempt waiting on Redis gives way to a new one.
         let orphans = Arc::new(Orphans::default());
-        let _stuck = orphans.start();
+        let mut running = orphans.start(7);
+        let task = tokio::spawn(async move {
+            let first = running
+                .unless_closing(tokio::time::sleep(Duration::from_secs(60)))
+                .await;
+            let second = running.unless_closing(async { 2 }).await;
+            (first, second)
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(orphans.drain(Duration::from_secs(5)).await, 0);
+        assert_eq!(task.await.expect("task"), (None, Some(2)));
+
+        let orphans = Arc::new(Orphans::default());
+        let _stuck = orphans.start(7);
         assert_eq!(orphans.drain(Duration::from_millis(50)).await, 1);
     }
 }
