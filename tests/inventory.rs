@@ -1033,13 +1033,15 @@ async fn patch_a_hold_made_with_post_v1_holds() {
     let api = Api::new(&s.base);
     let sh = show("patchm");
     api.set_pool(&sh, "floor", 10).await;
+    api.set_pool(&sh, "aisle", 10).await;
     let (status, hold) = api
         .post(
             "/v1/holds",
             json!({"seats": [
                 {"show": sh, "seat": "A1"},
                 {"show": sh, "seat": "A2"},
-                {"show": sh, "pool": "floor", "quantity": 1}
+                {"show": sh, "pool": "floor", "quantity": 1},
+                {"show": sh, "pool": "aisle", "quantity": 1}
             ], "ttlMs": 60000}),
         )
         .await;
@@ -1060,7 +1062,11 @@ async fn patch_a_hold_made_with_post_v1_holds() {
     );
     assert_eq!(
         changed["pools"],
-        json!([{"show": sh, "pool": "floor", "quantity": 2}]),
+        // In the order they were held, not by pool id.
+        json!([
+            {"show": sh, "pool": "floor", "quantity": 2},
+            {"show": sh, "pool": "aisle", "quantity": 1}
+        ]),
         "{changed}"
     );
     assert!(
@@ -1076,6 +1082,30 @@ async fn patch_a_hold_made_with_post_v1_holds() {
     assert_eq!(states["seats"]["A1"]["state"], "free", "{states}");
     assert_eq!(states["seats"]["A3"]["state"], "held", "{states}");
     assert_eq!(api.pool(&sh, "floor").await, (10, 2, 0, 8));
+    // Under an Idempotency-Key, a repeat answers the same shape again.
+    let (status, first, replayed) = api
+        .send(
+            "PATCH",
+            &path,
+            Some(json!({"add": ["A4"]})),
+            Some("patchm-1"),
+        )
+        .await;
+    assert_eq!((status, replayed), (200, false), "{first}");
+    let (status, again, replayed) = api
+        .send(
+            "PATCH",
+            &path,
+            Some(json!({"add": ["A4"]})),
+            Some("patchm-1"),
+        )
+        .await;
+    assert_eq!((status, replayed), (200, true), "{again}");
+    for f in ["seats", "pools", "fence"] {
+        assert_eq!(again[f], first[f], "{f}: {again} vs {first}");
+    }
+    let (status, changed) = api.patch(&path, json!({"remove": ["A4"]})).await;
+    assert_eq!(status, 200, "{changed}");
     // A taken seat: 409, nothing changes.
     api.hold_ok(&sh, json!({"seats": ["B1"], "ttlMs": 60000}))
         .await;

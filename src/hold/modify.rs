@@ -211,15 +211,20 @@ impl Service {
             new_seats.push(seat.clone());
         }
         self.check_count(new_seats.len())?;
-        let mut pools: BTreeMap<PoolId, u32> = old
+        // In the hold's order (a hold made with POST /v1/holds answers its
+        // pools as sent), new pools after.
+        let mut pools: Vec<(PoolId, u32)> = old
             .pools
             .iter()
             .map(|p| (p.pool.clone(), p.quantity))
             .collect();
         for (pool, quantity) in &change.pools {
-            pools.insert(pool.clone(), *quantity);
+            match pools.iter_mut().find(|(p, _)| p == pool) {
+                Some(entry) => entry.1 = *quantity,
+                None => pools.push((pool.clone(), *quantity)),
+            }
         }
-        pools.retain(|_, q| *q > 0);
+        pools.retain(|(_, q)| *q > 0);
         self.check_count(pools.len())?;
         // A hold made with POST /v1/holds keeps its shape.
         let new_seats = if old.seats.is_multi() {
