@@ -109,11 +109,18 @@ impl Pool {
         }
     }
 
-    /// Drops the share of every node that is not among `masters` (a
-    /// failover demoted it, a resharding emptied it): its idle connections
-    /// close. Connections in use are dropped when given back.
+    /// Closes the idle connections to every node that is not among
+    /// `masters` (a failover demoted it, a resharding emptied it), and
+    /// drops its share once none is in use (dropped earlier, its limit
+    /// would start afresh while connections counted by the old one live).
     pub(super) fn keep_only(&self, masters: &[String]) {
-        self.lock().retain(|addr, _| masters.contains(addr));
+        self.lock().retain(|addr, master| {
+            if masters.contains(addr) {
+                return true;
+            }
+            master.idle.clear();
+            master.limit.available_permits() < PER_MASTER
+        });
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Master>> {
@@ -311,11 +318,26 @@ mod tests {
     #[tokio::test]
     async fn departed_masters_leave_the_pool() {
         let pool = Pool::default();
-        let (a, b) = ("10.0.0.1:7000".to_owned(), "10.0.0.2:7000".to_owned());
+        let (a, b, c) = (
+            "10.0.0.1:7000".to_owned(),
+            "10.0.0.2:7000".to_owned(),
+            "10.0.0.3:7000".to_owned(),
+        );
         let Idle::Permit(_in_use) = pool.take(&a).await.expect("a") else {
             panic!("an empty pool has no idle connection");
         };
+        // b's permit is given back at once; c's is still in use.
         let _ = pool.take(&b).await.expect("b");
+        let in_use_c = pool.take(&c).await.expect("c");
+        pool.keep_only(std::slice::from_ref(&a));
+        let mut kept: Vec<String> = pool.lock().keys().cloned().collect();
+        kept.sort();
+        assert_eq!(
+            kept,
+            vec![a.clone(), c.clone()],
+            "c's share stays while in use"
+        );
+        drop(in_use_c);
         pool.keep_only(std::slice::from_ref(&a));
         let kept: Vec<String> = pool.lock().keys().cloned().collect();
         assert_eq!(kept, vec![a]);
