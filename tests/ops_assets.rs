@@ -22,6 +22,33 @@ const CONTRACT: &[&str] = &[
     "seathold_http_request_duration_seconds",
 ];
 
+/// Every metric the API contract fixes (version 1 and 1.1), and the ones an
+/// SRE needs at an on-sale besides: how much the seat views answer without
+/// Redis, and which versions run (a rolling upgrade). The dashboard charts
+/// each of them, so that none is exported for nobody to look at.
+const CHARTED: &[&str] = &[
+    "seathold_holds_total",
+    "seathold_seats_held_total",
+    "seathold_hold_conflicts_total",
+    "seathold_hold_expiries_total",
+    "seathold_releases_total",
+    "seathold_extends_total",
+    "seathold_confirms_total",
+    "seathold_cross_slot_rejections_total",
+    "seathold_http_request_duration_seconds",
+    "seathold_redis_errors_total",
+    "seathold_cluster_ready",
+    "seathold_orphan_releases_total",
+    "seathold_idempotent_replays_total",
+    "seathold_events_total",
+    "seathold_event_subscribers",
+    "seathold_event_delivery_seconds",
+    "seathold_pool_units_held_total",
+    "seathold_holder_limit_rejections_total",
+    "seathold_view_answers_total",
+    "seathold_build_info",
+];
+
 /// Series suffixes of a histogram (or summary) in the text exposition.
 const SERIES_SUFFIXES: &[&str] = &["_bucket", "_sum", "_count"];
 
@@ -137,6 +164,17 @@ fn assets_name_the_contract_metrics() {
             );
         }
     }
+}
+
+#[test]
+fn the_dashboard_charts_every_fixed_metric() {
+    let names = metric_names(&read_asset(DASHBOARD));
+    let absent: Vec<&str> = CHARTED
+        .iter()
+        .copied()
+        .filter(|name| !names.contains(*name))
+        .collect();
+    assert!(absent.is_empty(), "{DASHBOARD} has no panel for {absent:?}");
 }
 
 #[test]
