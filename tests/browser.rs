@@ -379,8 +379,123 @@ impl Page {
 
 const SECOND: Duration = Duration::from_secs(1);
 
+/// One browser test at a time: each runs a browser or two on this
+/// machine's two cores, and their bounds (a seat seen within 1 s) are for a
+/// browser that has them to itself.
+static BROWSERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A TCP proxy in front of the daemon that passes everything through
+/// (event streams included) except the answers to the first `drops`
+/// requests whose request line starts with `prefix` and ends its path with
+/// `suffix`: it lets such a request reach the daemon, then closes the
+/// browser's connection instead of answering, as a network that breaks at
+/// the wrong moment would. The browser sees a failed fetch and cannot know
+/// whether the request took effect.
+struct Flaky {
+    addr: SocketAddr,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Flaky {
+    async fn start(
+        upstream: SocketAddr,
+        prefix: &'static str,
+        suffix: &'static str,
+        drops: usize,
+    ) -> Self {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the proxy");
+        let addr = listener.local_addr().expect("proxy address");
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&dropped);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                let count = Arc::clone(&count);
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let (from_client, to_client) = client.into_split();
+                    let (from_server, to_server) = server.into_split();
+                    // Set when the request just sent is one to leave unanswered.
+                    let cut = std::sync::atomic::AtomicBool::new(false);
+                    let up = pump(from_client, to_server, |bytes| {
+                        // Without pipelining (browsers do not pipeline), a
+                        // read after an answer starts with a request line.
+                        let head = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]);
+                        let line = head.lines().next().unwrap_or("");
+                        let path = line.split(' ').nth(1).unwrap_or("");
+                        if line.starts_with(prefix)
+                            && path.ends_with(suffix)
+                            && count
+                                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |d| {
+                                    (d < drops).then_some(d + 1)
+                                })
+                                .is_ok()
+                        {
+                            cut.store(true, Ordering::SeqCst);
+                        }
+                        true
+                    });
+                    // Once the daemon answers a cut request, the browser
+                    // never hears it.
+                    let down = pump(from_server, to_client, |_| !cut.load(Ordering::SeqCst));
+                    // Whichever side ends first closes both connections.
+                    tokio::select! {
+                        () = up => {}
+                        () = down => {}
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            dropped,
+            task,
+        }
+    }
+
+    fn dropped(&self) -> usize {
+        self.dropped.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Copies what `from` reads to `to` until either side ends or `pass`
+/// refuses what was read.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut pass: impl FnMut(&[u8]) -> bool,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if !pass(&buf[..n]) || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+impl Drop for Flaky {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_pages_follow_one_show_live() {
+    let _alone = BROWSERS.lock().await;
     let started = Instant::now();
     // The test cluster starts on a thread while the browsers start.
     let cluster = tokio::task::spawn_blocking(|| {
@@ -705,6 +820,107 @@ async fn two_pages_follow_one_show_live() {
     server.stop().await;
     other.stop().await;
     eprintln!("done after {:?}", started.elapsed());
+}
+
+/// A click whose answer the network loses: the page tries again under the
+/// same `Idempotency-Key`, so the seat is held once, by this page, not left
+/// held by nobody it knows of until its TTL runs out. The same for a buy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_whose_answer_is_lost_is_recovered_not_orphaned() {
+    let _alone = BROWSERS.lock().await;
+    let cluster = tokio::task::spawn_blocking(|| {
+        common::cluster();
+    });
+    let driver = ChromeDriver::start().await;
+    let browser = driver.session().await;
+    cluster.await.expect("the test cluster");
+    let server = common::server_with(common::options()).await;
+    let show = common::show("ui-lost");
+    // Two: Chromium itself sends a request again, once, when a connection
+    // it reused closes without an answer; the second loss is the page's to
+    // handle.
+    let holds = Flaky::start(server.addr, "POST ", "/hold", 2).await;
+    let page = Page { name: "A", browser };
+    page.open(&format!(
+        "http://{}/ui/shows/{show}?rows=1&cols=4",
+        holds.addr
+    ))
+    .await;
+    let replays = server.metric("seathold_idempotent_replays_total").await;
+
+    let click = Instant::now();
+    page.click_seat("A2").await;
+    let took = page.wait_seat("A2", "mine", click, 5 * SECOND).await;
+    eprintln!("held by this page {took:?} after a click whose first two answers were lost");
+    assert_eq!(holds.dropped(), 2, "the proxy lost fewer answers");
+
+    // One hold in Redis, the page's: one `held` event, and the page's token
+    // reads back with this seat.
+    let (status, events) = server
+        .get(&format!("/v1/shows/{show}/events?after=0-0"))
+        .await;
+    assert_eq!(status, 200, "{events}");
+    let held: Vec<&Value> = events["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["type"] == "held")
+        .collect();
+    assert_eq!(held.len(), 1, "one click, holds: {events}");
+    let kept = page.kept_holds(&show).await;
+    let token = kept["A2"]["token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the page keeps no hold of A2: {kept}"));
+    assert_eq!(held[0]["holdRef"], kept["A2"]["ref"], "{events} / {kept}");
+    let (status, hold) = server.get(&format!("/v1/shows/{show}/holds/{token}")).await;
+    assert_eq!((status, &hold["seats"]), (200, &json!(["A2"])), "{hold}");
+    assert_eq!(
+        server.metric("seathold_idempotent_replays_total").await - replays,
+        2.0,
+        "both retries were answered from the first attempt's record"
+    );
+    drop(holds);
+
+    // A buy whose answer is lost: the page asks again and shows it sold.
+    let confirms = Flaky::start(server.addr, "POST ", "/confirm", 2).await;
+    page.open(&format!(
+        "http://{}/ui/shows/{show}?rows=1&cols=4",
+        confirms.addr
+    ))
+    .await;
+    let click = Instant::now();
+    page.click_seat("A3").await;
+    page.wait_seat("A3", "mine", click, 2 * SECOND).await;
+    page.browser.click("#confirm").await;
+    page.wait_seat("A3", "sold", click, 5 * SECOND).await;
+    assert_eq!(confirms.dropped(), 2, "the proxy lost fewer answers");
+    // The `confirmed` event may show the seat sold before the retry's
+    // answer comes: the page then says so.
+    let since = Instant::now();
+    loop {
+        let message = page
+            .browser
+            .run(
+                "return document.getElementById('message').textContent;",
+                json!([]),
+            )
+            .await;
+        if message
+            .as_str()
+            .is_some_and(|m| m.contains("is yours: sold"))
+        {
+            break;
+        }
+        assert!(
+            since.elapsed() < 5 * SECOND,
+            "the page says {message}, not that the seat is sold"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let (status, seat) = server.get(&format!("/v1/shows/{show}/seats/A3")).await;
+    assert_eq!((status, &seat["state"]), (200, &json!("sold")), "{seat}");
+    page.browser.quit().await;
+    server.stop().await;
 }
 
 /// A `seathold dev` run, stopped with Ctrl-C when dropped.
