@@ -328,6 +328,30 @@ impl Page {
             .await
     }
 
+    /// Waits until the page's message contains `part`, at most `limit`
+    /// after `since`; answers the message.
+    async fn wait_message(&self, part: &str, since: Instant, limit: Duration) -> Value {
+        loop {
+            let message = self
+                .browser
+                .run(
+                    "return document.getElementById('message').textContent;",
+                    json!([]),
+                )
+                .await;
+            if message.as_str().is_some_and(|m| m.contains(part)) {
+                return message;
+            }
+            assert!(
+                since.elapsed() < limit,
+                "page {}: no message with {part:?} within {limit:?}; {}",
+                self.name,
+                self.describe().await
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
     /// What a failure message should show of the page.
     async fn describe(&self) -> String {
         let text = self
@@ -394,6 +418,8 @@ static BROWSERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 struct Flaky {
     addr: SocketAddr,
     dropped: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Set by [`Flaky::heal`]: from then on every answer goes through.
+    healed: std::sync::Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -411,13 +437,14 @@ impl Flaky {
             .expect("bind the proxy");
         let addr = listener.local_addr().expect("proxy address");
         let dropped = Arc::new(AtomicUsize::new(0));
-        let count = Arc::clone(&dropped);
+        let healed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (count, well) = (Arc::clone(&dropped), Arc::clone(&healed));
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
                     return;
                 };
-                let count = Arc::clone(&count);
+                let (count, well) = (Arc::clone(&count), Arc::clone(&well));
                 tokio::spawn(async move {
                     let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
                         return;
@@ -434,6 +461,7 @@ impl Flaky {
                         let path = line.split(' ').nth(1).unwrap_or("");
                         if line.starts_with(prefix)
                             && path.ends_with(suffix)
+                            && !well.load(Ordering::SeqCst)
                             && count
                                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |d| {
                                     (d < drops).then_some(d + 1)
@@ -458,12 +486,18 @@ impl Flaky {
         Self {
             addr,
             dropped,
+            healed,
             task,
         }
     }
 
     fn dropped(&self) -> usize {
         self.dropped.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The network works again: no answer is lost from now on.
+    fn heal(&self) {
+        self.healed.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -822,12 +856,9 @@ async fn two_pages_follow_one_show_live() {
     eprintln!("done after {:?}", started.elapsed());
 }
 
-/// A click whose answer the network loses: the page tries again under the
-/// same `Idempotency-Key`, so the seat is held once, by this page, not left
-/// held by nobody it knows of until its TTL runs out. The same for a buy.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hold_whose_answer_is_lost_is_recovered_not_orphaned() {
-    let _alone = BROWSERS.lock().await;
+/// A browser with one page (not opened yet) and a server on the shared
+/// test cluster, started side by side; the driver must outlive the page.
+async fn one_page() -> (ChromeDriver, Page, common::TestServer) {
     let cluster = tokio::task::spawn_blocking(|| {
         common::cluster();
     });
@@ -835,12 +866,21 @@ async fn a_hold_whose_answer_is_lost_is_recovered_not_orphaned() {
     let browser = driver.session().await;
     cluster.await.expect("the test cluster");
     let server = common::server_with(common::options()).await;
+    (driver, Page { name: "A", browser }, server)
+}
+
+/// A click whose answer the network loses: the page tries again under the
+/// same `Idempotency-Key`, so the seat is held once, by this page, not left
+/// held by nobody it knows of until its TTL runs out. The same for a buy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_whose_answer_is_lost_is_recovered_not_orphaned() {
+    let _alone = BROWSERS.lock().await;
+    let (_driver, page, server) = one_page().await;
     let show = common::show("ui-lost");
     // Two: Chromium itself sends a request again, once, when a connection
     // it reused closes without an answer; the second loss is the page's to
     // handle.
     let holds = Flaky::start(server.addr, "POST ", "/hold", 2).await;
-    let page = Page { name: "A", browser };
     page.open(&format!(
         "http://{}/ui/shows/{show}?rows=1&cols=4",
         holds.addr
@@ -896,29 +936,73 @@ async fn a_hold_whose_answer_is_lost_is_recovered_not_orphaned() {
     assert_eq!(confirms.dropped(), 2, "the proxy lost fewer answers");
     // The `confirmed` event may show the seat sold before the retry's
     // answer comes: the page then says so.
-    let since = Instant::now();
+    page.wait_message("is yours: sold", Instant::now(), 5 * SECOND)
+        .await;
+    let (status, seat) = server.get(&format!("/v1/shows/{show}/seats/A3")).await;
+    assert_eq!((status, &seat["state"]), (200, &json!("sold")), "{seat}");
+    page.browser.quit().await;
+    server.stop().await;
+}
+
+/// A hold whose every answer is lost for longer than the page asks again
+/// (20 s): the page says it could not be held, and once the network is back
+/// it learns, under the same key, that the hold was made after all, and
+/// releases it. The seat comes back long before its TTL would free it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_the_page_gave_up_on_is_released_once_its_answer_comes() {
+    let _alone = BROWSERS.lock().await;
+    let (_driver, page, server) = one_page().await;
+    let show = common::show("ui-given-up");
+    let holds = Flaky::start(server.addr, "POST ", "/hold", usize::MAX).await;
+    page.open(&format!(
+        "http://{}/ui/shows/{show}?rows=1&cols=2&ttlMs=120000",
+        holds.addr
+    ))
+    .await;
+
+    let click = Instant::now();
+    page.click_seat("A1").await;
+    let message = page
+        .wait_message("could not be held", click, 30 * SECOND)
+        .await;
+    let gave_up = click.elapsed();
+    eprintln!(
+        "the page gave up after {gave_up:?} and {} lost answers: {message}",
+        holds.dropped()
+    );
+    let (status, seat) = server.get(&format!("/v1/shows/{show}/seats/A1")).await;
+    assert_eq!((status, &seat["state"]), (200, &json!("held")), "{seat}");
+
+    holds.heal();
+    let healed = Instant::now();
     loop {
-        let message = page
-            .browser
-            .run(
-                "return document.getElementById('message').textContent;",
-                json!([]),
-            )
-            .await;
-        if message
-            .as_str()
-            .is_some_and(|m| m.contains("is yours: sold"))
-        {
+        let (status, seat) = server.get(&format!("/v1/shows/{show}/seats/A1")).await;
+        assert_eq!(status, 200, "{seat}");
+        if seat["state"] == "free" {
             break;
         }
         assert!(
-            since.elapsed() < 5 * SECOND,
-            "the page says {message}, not that the seat is sold"
+            healed.elapsed() < 15 * SECOND,
+            "seat A1 still {seat} 15 s after the network came back"
         );
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (status, seat) = server.get(&format!("/v1/shows/{show}/seats/A3")).await;
-    assert_eq!((status, &seat["state"]), (200, &json!("sold")), "{seat}");
+    eprintln!(
+        "released {:?} after the network came back",
+        healed.elapsed()
+    );
+    page.wait_seat("A1", "free", healed, 15 * SECOND).await;
+    let (_, events) = server
+        .get(&format!("/v1/shows/{show}/events?after=0-0"))
+        .await;
+    let types: Vec<&str> = events["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| e["type"].as_str())
+        .collect();
+    assert_eq!(types, ["held", "released"], "{events}");
+    assert_eq!(page.kept_holds(&show).await, json!({}));
     page.browser.quit().await;
     server.stop().await;
 }
