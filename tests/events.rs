@@ -353,38 +353,6 @@ fn rss(pid: u32) -> u64 {
     kb * 1024
 }
 
-/// The local TCP ports of a process's sockets (from /proc), so that its
-/// connections can be told apart in a Redis node's `CLIENT LIST`.
-fn local_ports(pid: u32) -> HashSet<u16> {
-    let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .expect("/proc/<pid>/fd")
-        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter_map(|l| {
-            let l = l.to_string_lossy().into_owned();
-            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
-        })
-        .collect();
-    let mut ports = HashSet::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() > 9 && inodes.contains(f[9]) {
-                if let Some(port) = f[1]
-                    .rsplit(':')
-                    .next()
-                    .and_then(|p| u16::from_str_radix(p, 16).ok())
-                {
-                    ports.insert(port);
-                }
-            }
-        }
-    }
-    ports
-}
-
 /// A raw SSE client: sends the request and reads up to the opening comment,
 /// never more. `rcvbuf` shrinks its receive buffer (a client that stops
 /// reading then pushes back at once).
@@ -1864,7 +1832,7 @@ async fn a_thousand_subscribers_share_one_reader() {
 
     // The daemon's connections on the slot's master: exactly one reads the
     // stream, and it blocks there.
-    let ports = local_ports(d.pid());
+    let ports = common::local_ports(d.pid());
     let mine = |list: &[BTreeMap<String, String>]| -> Vec<BTreeMap<String, String>> {
         list.iter()
             .filter(|c| {

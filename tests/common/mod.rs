@@ -595,41 +595,68 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `seathold serve` on a free port with `extra` flags and waits
     /// until its `/readyz` answers 200.
+    ///
+    /// The port is free when picked, not reserved: another test's process
+    /// may bind it before this one does. That one would then answer
+    /// `/readyz` in this one's place (and the test would talk to a daemon
+    /// it did not start, stopped by another test at any moment), so the
+    /// process must be seen listening on the port itself; one that exits
+    /// (address in use) is started again on another port.
     pub async fn start(extra: &[&str]) -> Daemon {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seathold"));
-        // Only the flags here: nothing a developer's shell exports.
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("SEATHOLD_") {
-                cmd.env_remove(name);
+        for _ in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .expect("a free port");
+            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+            let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seathold"));
+            // Only the flags here: nothing a developer's shell exports.
+            for (name, _) in std::env::vars_os() {
+                if name.to_string_lossy().starts_with("SEATHOLD_") {
+                    cmd.env_remove(name);
+                }
             }
+            let child = cmd
+                .arg("serve")
+                .args(["--listen", &addr.to_string()])
+                .args(["--redis-nodes", &cluster().seed_urls().join(",")])
+                .args(extra)
+                .env("SEATHOLD_LOG", "warn")
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .expect("spawn seathold");
+            let mut daemon = Daemon {
+                child,
+                addr,
+                base: format!("http://{addr}"),
+            };
+            let started = Instant::now();
+            let listening = loop {
+                if let Ok(Some(_)) = daemon.child.try_wait() {
+                    break false;
+                }
+                if local_ports(daemon.pid()).contains(&port) {
+                    break true;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "seathold did not listen on {addr} within 30 s"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            };
+            if !listening {
+                continue;
+            }
+            wait_readyz(
+                &reqwest::Client::new(),
+                &daemon.base,
+                200,
+                Duration::from_secs(30),
+            )
+            .await;
+            return daemon;
         }
-        let child = cmd
-            .arg("serve")
-            .args(["--listen", &addr.to_string()])
-            .args(["--redis-nodes", &cluster().seed_urls().join(",")])
-            .args(extra)
-            .env("SEATHOLD_LOG", "warn")
-            .stdin(std::process::Stdio::null())
-            .spawn()
-            .expect("spawn seathold");
-        let daemon = Daemon {
-            child,
-            addr,
-            base: format!("http://{addr}"),
-        };
-        wait_readyz(
-            &reqwest::Client::new(),
-            &daemon.base,
-            200,
-            Duration::from_secs(30),
-        )
-        .await;
-        daemon
+        panic!("seathold could not listen on any of 5 free ports");
     }
 
     pub fn pid(&self) -> u32 {
@@ -664,6 +691,40 @@ impl Daemon {
     pub async fn metrics(&self) -> String {
         metrics_at(&reqwest::Client::new(), &self.base).await
     }
+}
+
+/// The local TCP ports of a process's sockets, listening or connected
+/// (from /proc): whether it listens on a port, and which connections of a
+/// Redis node's `CLIENT LIST` are its own.
+pub fn local_ports(pid: u32) -> std::collections::HashSet<u16> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    let mut ports = std::collections::HashSet::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() > 9 && inodes.contains(f[9]) {
+                if let Some(port) = f[1]
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| u16::from_str_radix(p, 16).ok())
+                {
+                    ports.insert(port);
+                }
+            }
+        }
+    }
+    ports
 }
 
 /// `GET {base}/metrics` as text.
