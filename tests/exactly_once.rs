@@ -379,14 +379,7 @@ async fn hold_answered_503_with_key_under_client_pause_is_found_by_the_retry() {
             "never ran"
         }
     );
-    let retry = send(
-        &s,
-        "POST",
-        &format!("/v1/shows/{sh}/seats/B1/hold"),
-        None,
-        Some(&key),
-    )
-    .await;
+    let retry = hold_again(&s, &sh, "B1", &key).await;
     assert_eq!(retry.status, 201, "{retry:?}");
     assert_eq!(retry.replayed, recorded.is_some(), "{retry:?}");
     let token = token_of(&retry.body);
@@ -465,6 +458,29 @@ async fn hold_while_master_frozen(
     (reply, Instant::now())
 }
 
+/// Waits until the outcome of a hold sent under `key` is recorded (its
+/// script ran late, after its 503).
+async fn wait_recorded(show: &str, key: &str) {
+    common::eventually(
+        Duration::from_secs(5),
+        "the late script to record its outcome",
+        || async { get_opt(&keys().idempotency(show, key)).await.is_some() },
+    )
+    .await;
+}
+
+/// The client's retry of a hold of `seat` under `key`.
+async fn hold_again(s: &TestServer, show: &str, seat: &str, key: &str) -> Reply {
+    send(
+        s,
+        "POST",
+        &format!("/v1/shows/{show}/seats/{seat}/hold"),
+        None,
+        Some(key),
+    )
+    .await
+}
+
 /// A hold without a key whose script ran late, after its 503: the daemon
 /// releases it in the background (or had forestalled it with a tombstone),
 /// counts it, and the seat is free again within seconds.
@@ -528,12 +544,7 @@ async fn hold_run_late_after_its_503_with_key_is_replayed_to_the_retry() {
     let key = idem_key("late");
 
     let _ = hold_while_master_frozen(&s, &sh, "B1", Some(&key), 1_200).await;
-    common::eventually(
-        Duration::from_secs(5),
-        "the late script to record its outcome",
-        || async { get_opt(&keys().idempotency(&sh, &key)).await.is_some() },
-    )
-    .await;
+    wait_recorded(&sh, &key).await;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     assert_eq!(
         s.metric("seathold_orphan_releases_total").await,
@@ -543,17 +554,101 @@ async fn hold_run_late_after_its_503_with_key_is_replayed_to_the_retry() {
     let first = get_opt(&keys().seat(&sh, "B1"))
         .await
         .expect("the late hold holds the seat");
-    let retry = send(
-        &s,
-        "POST",
-        &format!("/v1/shows/{sh}/seats/B1/hold"),
-        None,
-        Some(&key),
-    )
-    .await;
+    let retry = hold_again(&s, &sh, "B1", &key).await;
     assert_eq!((retry.status, retry.replayed), (201, true), "{retry:?}");
     assert_eq!(token_of(&retry.body), first, "the very hold Redis has");
     assert_the_very_hold(&s, &sh, "B1", &retry.body).await;
+}
+
+/// Keyspace notifications of one master off until dropped (then as they
+/// were): only seathold's own timers can then tell it that a hold there
+/// ran out.
+struct NoNotifications {
+    port: u16,
+    flags: String,
+}
+
+impl NoNotifications {
+    async fn on(port: u16) -> Self {
+        let mut node = common::node(port).await;
+        let (_, flags): (String, String) = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("notify-keyspace-events")
+            .query_async(&mut node)
+            .await
+            .expect("CONFIG GET");
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg("")
+            .query_async(&mut node)
+            .await
+            .expect("CONFIG SET");
+        Self { port, flags }
+    }
+}
+
+impl Drop for NoNotifications {
+    fn drop(&mut self) {
+        let url = format!("redis://127.0.0.1:{}", self.port);
+        let set = redis::Client::open(url)
+            .and_then(|c| c.get_connection())
+            .and_then(|mut c| {
+                redis::cmd("CONFIG")
+                    .arg("SET")
+                    .arg("notify-keyspace-events")
+                    .arg(&self.flags)
+                    .query::<()>(&mut c)
+            });
+        if let Err(err) = set {
+            eprintln!(
+                "cannot restore notify-keyspace-events on {}: {err}",
+                self.port
+            );
+        }
+    }
+}
+
+/// A hold whose answer was lost (its master froze past the Redis timeout,
+/// then ran the script) and that the client's retry got from its
+/// `Idempotency-Key` still has its `expired` event within a second of its
+/// expiry: the instance that answers the replay has the show swept then.
+/// Before, no instance did (the first answered 503 before the script ran;
+/// a replay scheduled nothing), and the event waited for Redis's expiry
+/// notification (seconds late on a master with millions of keys with a
+/// TTL) or for the periodic scan. Here notifications are off on the show's
+/// master and the scan is an hour away.
+#[tokio::test]
+async fn a_replayed_hold_expires_on_time_without_notifications() {
+    let _x = EXCLUSIVE.write().await;
+    let s = server_with(Options {
+        default_ttl_ms: 3_000,
+        sweep_scan_interval_ms: 3_600_000,
+        ..fast()
+    })
+    .await;
+    let sh = show("replay-expiry");
+    let _quiet = NoNotifications::on(master_of(&sh).await).await;
+    let key = idem_key("replay-expiry");
+
+    let _ = hold_while_master_frozen(&s, &sh, "C1", Some(&key), 1_200).await;
+    wait_recorded(&sh, &key).await;
+    let retry = hold_again(&s, &sh, "C1", &key).await;
+    assert_eq!((retry.status, retry.replayed), (201, true), "{retry:?}");
+    let left = retry.body["expiresInMs"].as_u64().expect("expiresInMs");
+    let expires = Instant::now() + Duration::from_millis(left);
+    common::eventually(
+        Duration::from_millis(left + 1_500),
+        "the replayed hold's expired event",
+        || async { events_of(&sh, "expired").await == 1 },
+    )
+    .await;
+    let late = Instant::now().saturating_duration_since(expires);
+    eprintln!("expired event {late:?} after the replayed hold's expiry");
+    assert!(
+        late < Duration::from_millis(1_000),
+        "expired event {late:?} after the hold's expiry"
+    );
 }
 
 /// A client that gives up first (its own timeout, shorter than the

@@ -87,11 +87,15 @@ impl Service {
             // and swept as the first run would have been.
             let own = recorded.fields.first().map(String::as_str) == Some(token.as_str());
             if own {
-                self.granted(&contents, &tail, &shows, ttl);
+                self.counted(&contents, &tail);
             }
             let hold = self
                 .replay_hold(deadline, home, contents, &recorded)
                 .await?;
+            // The hold's sweep, at its real remaining time: the instance
+            // whose answer was lost may never have scheduled it (it
+            // answered 503 before the script ran), and no other has.
+            self.schedule_sweep(&shows, u64::try_from(hold.expires_in_ms).unwrap_or(0));
             return Ok(if own {
                 Answer::fresh(hold)
             } else {
@@ -239,12 +243,17 @@ impl Service {
 
     /// Counts a granted hold and schedules the sweep of its shows.
     fn granted(&self, contents: &Contents, tail: &Tail, shows: &[ShowId], ttl: u64) {
+        self.counted(contents, tail);
+        self.schedule_sweep(shows, ttl);
+    }
+
+    /// Counts a granted hold and its `held` events.
+    fn counted(&self, contents: &Contents, tail: &Tail) {
         count(m::HOLDS, 1);
         count(m::SEATS_HELD, contents.seats.len() as u64);
         let units: u64 = contents.pools.iter().map(|p| u64::from(p.quantity)).sum();
         count(m::POOL_UNITS_HELD, units);
         tail.count_events("held");
-        self.schedule_sweep(shows, ttl);
     }
 
     /// A hold's recorded outcome `201 <token> <fence> <at>`, answered again
