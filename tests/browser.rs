@@ -429,6 +429,7 @@ impl Flaky {
         prefix: &'static str,
         suffix: &'static str,
         drops: usize,
+        stream_lag: Duration,
     ) -> Self {
         use std::sync::atomic::{AtomicUsize, Ordering};
         use std::sync::Arc;
@@ -453,12 +454,17 @@ impl Flaky {
                     let (from_server, to_server) = server.into_split();
                     // Set when the request just sent is one to leave unanswered.
                     let cut = std::sync::atomic::AtomicBool::new(false);
+                    // Set when this connection carries an event stream.
+                    let stream = std::sync::atomic::AtomicBool::new(false);
                     let up = pump(from_client, to_server, |bytes| {
                         // Without pipelining (browsers do not pipeline), a
                         // read after an answer starts with a request line.
                         let head = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]);
                         let line = head.lines().next().unwrap_or("");
                         let path = line.split(' ').nth(1).unwrap_or("");
+                        if line.starts_with("GET ") && path.ends_with("/events") {
+                            stream.store(true, Ordering::SeqCst);
+                        }
                         if line.starts_with(prefix)
                             && path.ends_with(suffix)
                             && !well.load(Ordering::SeqCst)
@@ -470,11 +476,20 @@ impl Flaky {
                         {
                             cut.store(true, Ordering::SeqCst);
                         }
-                        true
+                        Some(Duration::ZERO)
                     });
                     // Once the daemon answers a cut request, the browser
-                    // never hears it.
-                    let down = pump(from_server, to_client, |_| !cut.load(Ordering::SeqCst));
+                    // never hears it; an event stream comes `stream_lag`
+                    // late.
+                    let down = pump(from_server, to_client, |_| {
+                        if cut.load(Ordering::SeqCst) {
+                            None
+                        } else if stream.load(Ordering::SeqCst) {
+                            Some(stream_lag)
+                        } else {
+                            Some(Duration::ZERO)
+                        }
+                    });
                     // Whichever side ends first closes both connections.
                     tokio::select! {
                         () = up => {}
@@ -501,12 +516,12 @@ impl Flaky {
     }
 }
 
-/// Copies what `from` reads to `to` until either side ends or `pass`
-/// refuses what was read.
+/// Copies what `from` reads to `to`, each read after the delay `pass`
+/// answers for it, until either side ends or `pass` answers `None`.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut pass: impl FnMut(&[u8]) -> bool,
+    mut pass: impl FnMut(&[u8]) -> Option<Duration>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 64 * 1024];
@@ -515,7 +530,11 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        if !pass(&buf[..n]) || to.write_all(&buf[..n]).await.is_err() {
+        let Some(delay) = pass(&buf[..n]) else {
+            return;
+        };
+        tokio::time::sleep(delay).await;
+        if to.write_all(&buf[..n]).await.is_err() {
             return;
         }
     }
@@ -880,7 +899,7 @@ async fn a_hold_whose_answer_is_lost_is_recovered_not_orphaned() {
     // Two: Chromium itself sends a request again, once, when a connection
     // it reused closes without an answer; the second loss is the page's to
     // handle.
-    let holds = Flaky::start(server.addr, "POST ", "/hold", 2).await;
+    let holds = Flaky::start(server.addr, "POST ", "/hold", 2, Duration::ZERO).await;
     page.open(&format!(
         "http://{}/ui/shows/{show}?rows=1&cols=4",
         holds.addr
@@ -922,7 +941,7 @@ async fn a_hold_whose_answer_is_lost_is_recovered_not_orphaned() {
     drop(holds);
 
     // A buy whose answer is lost: the page asks again and shows it sold.
-    let confirms = Flaky::start(server.addr, "POST ", "/confirm", 2).await;
+    let confirms = Flaky::start(server.addr, "POST ", "/confirm", 2, Duration::ZERO).await;
     page.open(&format!(
         "http://{}/ui/shows/{show}?rows=1&cols=4",
         confirms.addr
@@ -953,7 +972,7 @@ async fn a_hold_the_page_gave_up_on_is_released_once_its_answer_comes() {
     let _alone = BROWSERS.lock().await;
     let (_driver, page, server) = one_page().await;
     let show = common::show("ui-given-up");
-    let holds = Flaky::start(server.addr, "POST ", "/hold", usize::MAX).await;
+    let holds = Flaky::start(server.addr, "POST ", "/hold", usize::MAX, Duration::ZERO).await;
     page.open(&format!(
         "http://{}/ui/shows/{show}?rows=1&cols=2&ttlMs=120000",
         holds.addr
@@ -1003,6 +1022,62 @@ async fn a_hold_the_page_gave_up_on_is_released_once_its_answer_comes() {
         .collect();
     assert_eq!(types, ["held", "released"], "{events}");
     assert_eq!(page.kept_holds(&show).await, json!({}));
+    page.browser.quit().await;
+    server.stop().await;
+}
+
+/// Events that come after the page's own hold's answer but tell of what
+/// happened before it (another customer held the seat and let it go just
+/// before this click; the stream is a second behind) are old news for that
+/// seat: the page keeps the hold it made, and does not forget its token at
+/// the other customer's `held`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_older_than_the_pages_own_hold_leave_it_mine() {
+    let _alone = BROWSERS.lock().await;
+    let (_driver, page, server) = one_page().await;
+    let show = common::show("ui-lag");
+    let lagging = Flaky::start(server.addr, "POST ", "/hold", 0, SECOND).await;
+    page.open(&format!(
+        "http://{}/ui/shows/{show}?rows=1&cols=2",
+        lagging.addr
+    ))
+    .await;
+
+    // Another customer holds A1 and lets it go; the page hears of neither
+    // for a second, and its customer clicks the seat meanwhile.
+    let other = server.hold(&show, &["A1"]).await;
+    let token = other["holdToken"].as_str().expect("token");
+    let (status, _) = server
+        .call("DELETE", &format!("/v1/shows/{show}/holds/{token}"), None)
+        .await;
+    assert_eq!(status, 204);
+    let click = Instant::now();
+    page.click_seat("A1").await;
+    page.wait_seat("A1", "mine", click, 2 * SECOND).await;
+    assert!(
+        click.elapsed() < SECOND,
+        "the click was answered after the lagging events came"
+    );
+
+    // The other customer's events, then the page's own, arrive.
+    let ours = common::eventually(
+        Duration::from_secs(10),
+        "the page's own held event",
+        || async {
+            let (_, events) = server
+                .get(&format!("/v1/shows/{show}/events?after=0-0"))
+                .await;
+            events["events"].as_array().is_some_and(|e| e.len() == 3)
+        },
+    );
+    ours.await;
+    tokio::time::sleep(4 * SECOND).await;
+    assert_eq!(page.state("A1").await, "mine", "{}", page.describe().await);
+    let kept = page.kept_holds(&show).await;
+    assert!(
+        kept["A1"]["token"].is_string(),
+        "the page forgot its hold: {kept}"
+    );
     page.browser.quit().await;
     server.stop().await;
 }
