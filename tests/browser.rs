@@ -352,6 +352,29 @@ impl Page {
         }
     }
 
+    /// Waits until the element with id `id` has the keyboard focus.
+    async fn wait_focus(&self, id: &str, limit: Duration) {
+        let since = Instant::now();
+        loop {
+            let focused = self
+                .browser
+                .run(
+                    "return document.activeElement && document.activeElement.id;",
+                    json!([]),
+                )
+                .await;
+            if focused == id {
+                return;
+            }
+            assert!(
+                since.elapsed() < limit,
+                "page {}: focus on {focused}, not #{id}, after {limit:?}",
+                self.name
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
     /// What a failure message should show of the page.
     async fn describe(&self) -> String {
         let text = self
@@ -423,12 +446,22 @@ struct Flaky {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// What [`Flaky`] does to a request it picked.
+#[derive(Clone, Copy, PartialEq)]
+enum Loss {
+    /// Passes it on, then closes the connection instead of answering.
+    Answer,
+    /// Closes the connection without passing it on.
+    Request,
+    /// Passes it on, then answers 502 as a proxy whose upstream broke.
+    BadGateway,
+}
+
 impl Flaky {
     async fn start(
         upstream: SocketAddr,
-        prefix: &'static str,
-        suffix: &'static str,
-        drops: usize,
+        (prefix, suffix): (&'static str, &'static str),
+        (loss, drops): (Loss, usize),
         stream_lag: Duration,
     ) -> Self {
         use std::sync::atomic::{AtomicUsize, Ordering};
@@ -474,20 +507,26 @@ impl Flaky {
                                 })
                                 .is_ok()
                         {
+                            if loss == Loss::Request {
+                                return Step::Stop;
+                            }
                             cut.store(true, Ordering::SeqCst);
                         }
-                        Some(Duration::ZERO)
+                        Step::Pass(Duration::ZERO)
                     });
                     // Once the daemon answers a cut request, the browser
                     // never hears it; an event stream comes `stream_lag`
                     // late.
                     let down = pump(from_server, to_client, |_| {
                         if cut.load(Ordering::SeqCst) {
-                            None
+                            match loss {
+                                Loss::BadGateway => Step::Instead(BAD_GATEWAY),
+                                _ => Step::Stop,
+                            }
                         } else if stream.load(Ordering::SeqCst) {
-                            Some(stream_lag)
+                            Step::Pass(stream_lag)
                         } else {
-                            Some(Duration::ZERO)
+                            Step::Pass(Duration::ZERO)
                         }
                     });
                     // Whichever side ends first closes both connections.
@@ -516,12 +555,26 @@ impl Flaky {
     }
 }
 
-/// Copies what `from` reads to `to`, each read after the delay `pass`
-/// answers for it, until either side ends or `pass` answers `None`.
+/// What [`pump`] does with what it read.
+enum Step {
+    /// Passes it on after this delay.
+    Pass(Duration),
+    /// Sends this instead, and ends.
+    Instead(&'static [u8]),
+    /// Ends.
+    Stop,
+}
+
+/// What a proxy answers when its upstream broke.
+const BAD_GATEWAY: &[u8] =
+    b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+
+/// Copies what `from` reads to `to` as `pass` says, until either side ends
+/// or `pass` ends it.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut pass: impl FnMut(&[u8]) -> Option<Duration>,
+    mut pass: impl FnMut(&[u8]) -> Step,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 64 * 1024];
@@ -530,10 +583,14 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        let Some(delay) = pass(&buf[..n]) else {
-            return;
-        };
-        tokio::time::sleep(delay).await;
+        match pass(&buf[..n]) {
+            Step::Pass(delay) => tokio::time::sleep(delay).await,
+            Step::Instead(bytes) => {
+                let _ = to.write_all(bytes).await;
+                return;
+            }
+            Step::Stop => return,
+        }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
         }
@@ -899,7 +956,13 @@ async fn a_hold_whose_answer_is_lost_is_recovered_not_orphaned() {
     // Two: Chromium itself sends a request again, once, when a connection
     // it reused closes without an answer; the second loss is the page's to
     // handle.
-    let holds = Flaky::start(server.addr, "POST ", "/hold", 2, Duration::ZERO).await;
+    let holds = Flaky::start(
+        server.addr,
+        ("POST ", "/hold"),
+        (Loss::Answer, 2),
+        Duration::ZERO,
+    )
+    .await;
     page.open(&format!(
         "http://{}/ui/shows/{show}?rows=1&cols=4",
         holds.addr
@@ -910,6 +973,8 @@ async fn a_hold_whose_answer_is_lost_is_recovered_not_orphaned() {
     let click = Instant::now();
     page.click_seat("A2").await;
     let took = page.wait_seat("A2", "mine", click, 5 * SECOND).await;
+    // The panel opened with the hold: the keyboard is on its Buy button.
+    page.wait_focus("confirm", 2 * SECOND).await;
     eprintln!("held by this page {took:?} after a click whose first two answers were lost");
     assert_eq!(holds.dropped(), 2, "the proxy lost fewer answers");
 
@@ -940,8 +1005,15 @@ async fn a_hold_whose_answer_is_lost_is_recovered_not_orphaned() {
     );
     drop(holds);
 
-    // A buy whose answer is lost: the page asks again and shows it sold.
-    let confirms = Flaky::start(server.addr, "POST ", "/confirm", 2, Duration::ZERO).await;
+    // A buy answered 502 twice, as by a proxy whose upstream broke after
+    // passing it on: the page asks again and shows it sold.
+    let confirms = Flaky::start(
+        server.addr,
+        ("POST ", "/confirm"),
+        (Loss::BadGateway, 2),
+        Duration::ZERO,
+    )
+    .await;
     page.open(&format!(
         "http://{}/ui/shows/{show}?rows=1&cols=4",
         confirms.addr
@@ -952,15 +1024,53 @@ async fn a_hold_whose_answer_is_lost_is_recovered_not_orphaned() {
     page.wait_seat("A3", "mine", click, 2 * SECOND).await;
     page.browser.click("#confirm").await;
     page.wait_seat("A3", "sold", click, 5 * SECOND).await;
-    assert_eq!(confirms.dropped(), 2, "the proxy lost fewer answers");
     // The `confirmed` event may show the seat sold before the retry's
     // answer comes: the page then says so.
     page.wait_message("is yours: sold", Instant::now(), 5 * SECOND)
         .await;
+    assert_eq!(confirms.dropped(), 2, "the proxy spoilt fewer answers");
+    // The panel closed with the sale: the keyboard is back on the seat.
+    page.wait_focus("seat-A3", 2 * SECOND).await;
     let (status, seat) = server.get(&format!("/v1/shows/{show}/seats/A3")).await;
     assert_eq!((status, &seat["state"]), (200, &json!("sold")), "{seat}");
     page.browser.quit().await;
     server.stop().await;
+}
+
+/// A page of a new show (tagged `tag`) behind a proxy that does `loss` to
+/// every hold, and a click on seat A1 (TTL 120 s) that the page gave up on
+/// after 20 s; answers the pieces, the click's time and the page's message.
+async fn give_up_on_a_hold(
+    tag: &str,
+    loss: Loss,
+) -> (
+    ChromeDriver,
+    Page,
+    common::TestServer,
+    Flaky,
+    String,
+    (Instant, Value),
+) {
+    let (driver, page, server) = one_page().await;
+    let show = common::show(tag);
+    let holds = Flaky::start(
+        server.addr,
+        ("POST ", "/hold"),
+        (loss, usize::MAX),
+        Duration::ZERO,
+    )
+    .await;
+    page.open(&format!(
+        "http://{}/ui/shows/{show}?rows=1&cols=2&ttlMs=120000",
+        holds.addr
+    ))
+    .await;
+    let click = Instant::now();
+    page.click_seat("A1").await;
+    let message = page
+        .wait_message("could not be held", click, 30 * SECOND)
+        .await;
+    (driver, page, server, holds, show, (click, message))
 }
 
 /// A hold whose every answer is lost for longer than the page asks again
@@ -970,20 +1080,8 @@ async fn a_hold_whose_answer_is_lost_is_recovered_not_orphaned() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hold_the_page_gave_up_on_is_released_once_its_answer_comes() {
     let _alone = BROWSERS.lock().await;
-    let (_driver, page, server) = one_page().await;
-    let show = common::show("ui-given-up");
-    let holds = Flaky::start(server.addr, "POST ", "/hold", usize::MAX, Duration::ZERO).await;
-    page.open(&format!(
-        "http://{}/ui/shows/{show}?rows=1&cols=2&ttlMs=120000",
-        holds.addr
-    ))
-    .await;
-
-    let click = Instant::now();
-    page.click_seat("A1").await;
-    let message = page
-        .wait_message("could not be held", click, 30 * SECOND)
-        .await;
+    let (_driver, page, server, holds, show, (click, message)) =
+        give_up_on_a_hold("ui-given-up", Loss::Answer).await;
     let gave_up = click.elapsed();
     eprintln!(
         "the page gave up after {gave_up:?} and {} lost answers: {message}",
@@ -1026,6 +1124,28 @@ async fn a_hold_the_page_gave_up_on_is_released_once_its_answer_comes() {
     server.stop().await;
 }
 
+/// A hold that never reached the daemon (the connection broke before
+/// the request was passed on), given up on after 20 s: once the network is
+/// back, the page finds the seat free and leaves it so, rather than making
+/// the hold then to release it (which showed the seat held to everyone for
+/// a moment, and left it held should the release fail).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_that_never_arrived_is_not_made_when_the_network_returns() {
+    let _alone = BROWSERS.lock().await;
+    let (_driver, page, server, holds, show, _) =
+        give_up_on_a_hold("ui-never", Loss::Request).await;
+    holds.heal();
+    // The page asks about it every 3-5 s: two rounds at least.
+    tokio::time::sleep(12 * SECOND).await;
+    let (_, events) = server
+        .get(&format!("/v1/shows/{show}/events?after=0-0"))
+        .await;
+    assert_eq!(events["events"], json!([]), "{events}");
+    assert_eq!(page.state("A1").await, "free", "{}", page.describe().await);
+    page.browser.quit().await;
+    server.stop().await;
+}
+
 /// Events that come after the page's own hold's answer but tell of what
 /// happened before it (another customer held the seat and let it go just
 /// before this click; the stream is a second behind) are old news for that
@@ -1036,7 +1156,7 @@ async fn events_older_than_the_pages_own_hold_leave_it_mine() {
     let _alone = BROWSERS.lock().await;
     let (_driver, page, server) = one_page().await;
     let show = common::show("ui-lag");
-    let lagging = Flaky::start(server.addr, "POST ", "/hold", 0, SECOND).await;
+    let lagging = Flaky::start(server.addr, ("POST ", "/hold"), (Loss::Answer, 0), SECOND).await;
     page.open(&format!(
         "http://{}/ui/shows/{show}?rows=1&cols=2",
         lagging.addr
