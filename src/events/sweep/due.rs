@@ -110,11 +110,13 @@ pub(super) struct Due {
     on_master: HashMap<Arc<str>, OnMaster>,
 }
 
-/// The sweeps of one master in flight, and its shows waiting for a place.
+/// The sweeps of one master in flight, and its shows waiting for a place,
+/// by deadline: a freed place goes to the oldest, which keeps its deadline
+/// (were it due "now", every show due meanwhile would pass it).
 #[derive(Default)]
 struct OnMaster {
     running: usize,
-    waiting: Vec<ShowId>,
+    waiting: BTreeSet<(Instant, ShowId)>,
 }
 
 /// The sweeps of a master whose last sweep failed.
@@ -226,7 +228,7 @@ impl Due {
                 Some((at, _)) if *at <= now => {}
                 _ => break,
             }
-            let Some((_, show)) = self.order.pop_first() else {
+            let Some((at, show)) = self.order.pop_first() else {
                 break;
             };
             self.by_show.remove(&show);
@@ -240,7 +242,7 @@ impl Due {
             }
             let on = self.on_master.entry(Arc::clone(&master)).or_default();
             if on.running >= PER_MASTER {
-                on.waiting.push(show);
+                on.waiting.insert((at, show));
                 continue;
             }
             on.running += 1;
@@ -335,12 +337,12 @@ impl Due {
             return;
         };
         on.running = on.running.saturating_sub(1);
-        let next = on.waiting.pop();
+        let next = on.waiting.pop_first();
         if on.running == 0 && on.waiting.is_empty() {
             self.on_master.remove(master);
         }
-        if let Some(show) = next {
-            self.set(&show, now, true);
+        if let Some((at, show)) = next {
+            self.set(&show, at.min(now), true);
         }
     }
 
@@ -369,14 +371,14 @@ impl Due {
         }
         // Shows waiting for a place on a node that is no master now are
         // due at once (on their new master); its sweeps in flight still end.
-        let mut woken = Vec::new();
+        let mut woken = BTreeSet::new();
         for (addr, on) in &mut self.on_master {
             if !masters.iter().any(|m| m.as_str() == &**addr) {
                 woken.append(&mut on.waiting);
             }
         }
-        for show in woken {
-            self.set(&show, now, true);
+        for (at, show) in woken {
+            self.set(&show, at.min(now), true);
         }
         gone.len()
     }
@@ -539,14 +541,15 @@ mod tests {
         // Nothing more starts while x's sweeps run: no busy loop.
         assert!(due.start(ms(6), 256, two_masters).is_empty());
         assert_eq!(due.first(), None);
-        // One of x's sweeps ends: one of its waiting shows is due now.
+        // One of x's sweeps ends: one of its waiting shows is due again.
         let (done_x, _) = first.iter().find(|(_, m)| &**m == "x").cloned().expect("x");
         let swept = Swept::Done {
             next: None,
             holds: vec![],
         };
         assert_eq!(due.finish(&done_x, &Arc::from("x"), swept, ms(7)), None);
-        assert_eq!(due.first(), Some(ms(7)));
+        // Due at once, by its own deadline (long past).
+        assert_eq!(due.first(), Some(ms(0)));
         let next = due.start(ms(7), 256, two_masters);
         assert_eq!(next.len(), 1);
         assert_eq!(&*next[0].1, "x");
@@ -559,6 +562,50 @@ mod tests {
         );
         due.masters_changed(&["m".to_owned()], ms(9));
         assert_eq!(due.waiting(), 200 - PER_MASTER - 2 + 1 + 1);
+    }
+
+    /// A master whose sweeps are all in flight while new shows keep coming
+    /// due: each place that frees goes to the waiting show with the oldest
+    /// deadline, so none waits without bound behind newer ones (the last
+    /// show to wait used to take each freed place, and start at "now",
+    /// after every show that came due before it).
+    #[test]
+    fn a_waiting_show_is_not_passed_by_newer_ones() {
+        let now = Instant::now();
+        let ms = |n: u64| now + Duration::from_millis(n);
+        let x: Arc<str> = Arc::from("x");
+        let mut due = Due::default();
+        for i in 0..PER_MASTER {
+            due.set(&show(&format!("x{i}")), ms(0), false);
+        }
+        assert_eq!(due.start(ms(1), 256, two_masters).len(), PER_MASTER);
+        due.set(&show("xold"), ms(1), false);
+        assert!(due.start(ms(2), 256, two_masters).is_empty());
+        let mut i = 0;
+        let mut free = (0..PER_MASTER).map(|i| show(&format!("x{i}")));
+        let done = || Swept::Done {
+            next: None,
+            holds: vec![],
+        };
+        // Newer shows come due and wait too; then sweeps end one by one.
+        for round in 0..5 {
+            for _ in 0..3 {
+                i += 1;
+                due.set(&show(&format!("xnew{i}")), ms(2 + i), false);
+            }
+            let at = ms(100 + round);
+            assert!(due.start(at, 256, two_masters).is_empty());
+            let ended = free.next().expect("a sweep in flight");
+            due.finish(&ended, &x, done(), at);
+            let next = due.start(at, 256, two_masters);
+            assert_eq!(next.len(), 1, "one place freed, one show starts");
+            if round == 0 {
+                assert_eq!(next[0].0, show("xold"), "the oldest deadline first");
+            } else {
+                // Then the newer ones, oldest deadline first.
+                assert_eq!(next[0].0, show(&format!("xnew{round}")));
+            }
+        }
     }
 
     #[test]
