@@ -137,19 +137,24 @@ impl Views {
             }
             let position = view.position();
             let Ok(mut conn) = cluster.conn() else { return };
+            // With Redis's time: the index's deadlines are on its clock,
+            // and no event may have told the view that clock yet.
             let read = async {
-                let entries: Vec<(String, f64)> = redis::cmd("ZRANGE")
+                let ((seconds, micros), entries): ((i64, i64), Vec<(String, f64)>) = redis::pipe()
+                    .cmd("TIME")
+                    .cmd("ZRANGE")
                     .arg(&key)
                     .arg(0)
                     .arg(-1)
                     .arg("WITHSCORES")
                     .query_async(&mut conn)
                     .await?;
-                Ok(entries)
+                Ok((seconds * 1000 + micros / 1000, entries))
             };
-            let Ok(entries) = cluster.deadline().within(read).await else {
+            let Ok((redis_ms, entries)) = cluster.deadline().within(read).await else {
                 return;
             };
+            view.learn_redis_time(redis_ms);
             let holds: Vec<LiveHold> = entries
                 .iter()
                 .filter_map(|(member, until)| {
@@ -324,6 +329,16 @@ impl SeatView {
             state.holds.remove(&event.hold_ref);
         }
         state.prune_if_large(self.redis_now_at_least());
+    }
+
+    /// Redis's time `redis_ms`, read just now (with the deadline index a
+    /// new view learns its holds from): Redis's lead over this machine's
+    /// clock, until events tell it too.
+    pub fn learn_redis_time(&self, redis_ms: i64) {
+        // Read after Redis answered: short of its lead by the reply's
+        // travel, as an event's sample is by its delivery.
+        let ahead = redis_ms - now_ms() as i64;
+        self.clock_ahead.fetch_max(ahead, Ordering::Relaxed);
     }
 
     /// Redis's time now, no later than it is: each sample (an event's id
@@ -601,6 +616,29 @@ mod tests {
     /// index: its `modified` event (after the read's position) names the
     /// hold's seats now, and the index (read before) its old ones. The seat
     /// given back must not be learned as held: nothing would free it.
+    /// Holds learned from the deadline index before any event are timed
+    /// by Redis's clock, which may be ahead of this machine's: the read
+    /// brings Redis's time too, so a hold that is over on Redis's clock is
+    /// not refused however far this machine's clock is behind (before, the
+    /// view took this machine's clock for Redis's until the first event,
+    /// and refused a seat free for as long as the clocks differed).
+    #[test]
+    fn holds_learned_before_any_event_are_timed_by_redis_clock() {
+        let (_current, view) = current_view();
+        // Redis is 10 s ahead; the hold ended there a second ago.
+        let redis_now = now_ms() as i64 + 10_000;
+        let position = view.position();
+        view.learn_redis_time(redis_now);
+        view.learn_holds(position, &[live("r1", &["E7"], redis_now - 1_000)]);
+        assert!(
+            view.refusal(&[seat("E7")]).is_none(),
+            "a hold over on Redis's clock"
+        );
+        // One that lives on there is refused.
+        view.learn_holds(position, &[live("r2", &["E8"], redis_now + 60_000)]);
+        assert!(view.refusal(&[seat("E8")]).is_some());
+    }
+
     #[test]
     fn a_patch_while_the_index_is_read_gives_its_seat_back() {
         let (_current, view) = current_view();
