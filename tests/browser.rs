@@ -455,6 +455,8 @@ enum Loss {
     Request,
     /// Passes it on, then answers 502 as a proxy whose upstream broke.
     BadGateway,
+    /// Passes it on, and its answer this late.
+    Late(Duration),
 }
 
 impl Flaky {
@@ -521,6 +523,7 @@ impl Flaky {
                         if cut.load(Ordering::SeqCst) {
                             match loss {
                                 Loss::BadGateway => Step::Instead(BAD_GATEWAY),
+                                Loss::Late(by) => Step::Pass(by),
                                 _ => Step::Stop,
                             }
                         } else if stream.load(Ordering::SeqCst) {
@@ -1198,6 +1201,47 @@ async fn events_older_than_the_pages_own_hold_leave_it_mine() {
         kept["A1"]["token"].is_string(),
         "the page forgot its hold: {kept}"
     );
+    page.browser.quit().await;
+    server.stop().await;
+}
+
+/// A release whose answer comes after the events that followed it (the
+/// release, then another customer's hold of the seat): the page shows the
+/// seat held by that customer, not free as the late 204 would have it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_release_answer_does_not_free_a_seat_held_again() {
+    let _alone = BROWSERS.lock().await;
+    let (_driver, page, server) = one_page().await;
+    let show = common::show("ui-late-release");
+    let slow = Flaky::start(
+        server.addr,
+        ("DELETE ", ""),
+        (Loss::Late(2 * SECOND), 1),
+        Duration::ZERO,
+    )
+    .await;
+    page.open(&format!(
+        "http://{}/ui/shows/{show}?rows=1&cols=2",
+        slow.addr
+    ))
+    .await;
+    let click = Instant::now();
+    page.click_seat("A1").await;
+    page.wait_seat("A1", "mine", click, 2 * SECOND).await;
+    page.wait_focus("confirm", 2 * SECOND).await;
+    page.browser.click("#release").await;
+    // The release is done in Redis at once; its answer is 2 s away.
+    common::eventually(Duration::from_secs(2), "the release", || async {
+        let (_, seat) = server.get(&format!("/v1/shows/{show}/seats/A1")).await;
+        seat["state"] == "free"
+    })
+    .await;
+    server.hold(&show, &["A1"]).await;
+    let since = Instant::now();
+    page.wait_seat("A1", "held", since, SECOND).await;
+    page.wait_message("released", since, 4 * SECOND).await;
+    assert_eq!(slow.dropped(), 1, "the proxy delayed no answer");
+    assert_eq!(page.state("A1").await, "held", "{}", page.describe().await);
     page.browser.quit().await;
     server.stop().await;
 }
