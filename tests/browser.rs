@@ -352,6 +352,12 @@ impl Page {
         }
     }
 
+    /// Opens the seat map of `show` (with `query`) through `proxy`.
+    async fn open_via(&self, proxy: &Flaky, show: &str, query: &str) {
+        self.open(&format!("http://{}/ui/shows/{show}?{query}", proxy.addr))
+            .await;
+    }
+
     /// Waits until the element with id `id` has the keyboard focus.
     async fn wait_focus(&self, id: &str, limit: Duration) {
         let since = Instant::now();
@@ -966,11 +972,7 @@ async fn a_hold_whose_answer_is_lost_is_recovered_not_orphaned() {
         Duration::ZERO,
     )
     .await;
-    page.open(&format!(
-        "http://{}/ui/shows/{show}?rows=1&cols=4",
-        holds.addr
-    ))
-    .await;
+    page.open_via(&holds, &show, "rows=1&cols=4").await;
     let replays = server.metric("seathold_idempotent_replays_total").await;
 
     let click = Instant::now();
@@ -1017,11 +1019,7 @@ async fn a_hold_whose_answer_is_lost_is_recovered_not_orphaned() {
         Duration::ZERO,
     )
     .await;
-    page.open(&format!(
-        "http://{}/ui/shows/{show}?rows=1&cols=4",
-        confirms.addr
-    ))
-    .await;
+    page.open_via(&confirms, &show, "rows=1&cols=4").await;
     let click = Instant::now();
     page.click_seat("A3").await;
     page.wait_seat("A3", "mine", click, 2 * SECOND).await;
@@ -1063,11 +1061,8 @@ async fn give_up_on_a_hold(
         Duration::ZERO,
     )
     .await;
-    page.open(&format!(
-        "http://{}/ui/shows/{show}?rows=1&cols=2&ttlMs=120000",
-        holds.addr
-    ))
-    .await;
+    page.open_via(&holds, &show, "rows=1&cols=2&ttlMs=120000")
+        .await;
     let click = Instant::now();
     page.click_seat("A1").await;
     let message = page
@@ -1160,11 +1155,7 @@ async fn events_older_than_the_pages_own_hold_leave_it_mine() {
     let (_driver, page, server) = one_page().await;
     let show = common::show("ui-lag");
     let lagging = Flaky::start(server.addr, ("POST ", "/hold"), (Loss::Answer, 0), SECOND).await;
-    page.open(&format!(
-        "http://{}/ui/shows/{show}?rows=1&cols=2",
-        lagging.addr
-    ))
-    .await;
+    page.open_via(&lagging, &show, "rows=1&cols=2").await;
 
     // Another customer holds A1 and lets it go; the page hears of neither
     // for a second, and its customer clicks the seat meanwhile.
@@ -1183,7 +1174,7 @@ async fn events_older_than_the_pages_own_hold_leave_it_mine() {
     );
 
     // The other customer's events, then the page's own, arrive.
-    let ours = common::eventually(
+    common::eventually(
         Duration::from_secs(10),
         "the page's own held event",
         || async {
@@ -1192,8 +1183,8 @@ async fn events_older_than_the_pages_own_hold_leave_it_mine() {
                 .await;
             events["events"].as_array().is_some_and(|e| e.len() == 3)
         },
-    );
-    ours.await;
+    )
+    .await;
     tokio::time::sleep(4 * SECOND).await;
     assert_eq!(page.state("A1").await, "mine", "{}", page.describe().await);
     let kept = page.kept_holds(&show).await;
@@ -1220,11 +1211,7 @@ async fn a_late_release_answer_does_not_free_a_seat_held_again() {
         Duration::ZERO,
     )
     .await;
-    page.open(&format!(
-        "http://{}/ui/shows/{show}?rows=1&cols=2",
-        slow.addr
-    ))
-    .await;
+    page.open_via(&slow, &show, "rows=1&cols=2").await;
     let click = Instant::now();
     page.click_seat("A1").await;
     page.wait_seat("A1", "mine", click, 2 * SECOND).await;
