@@ -941,6 +941,19 @@ async fn two_pages_follow_one_show_live() {
     eprintln!("done after {:?}", started.elapsed());
 }
 
+/// Every event of `show` kept in its stream (the polling form): status and
+/// body.
+async fn show_events(server: &common::TestServer, show: &str) -> (u16, Value) {
+    server
+        .get(&format!("/v1/shows/{show}/events?after=0-0"))
+        .await
+}
+
+/// The state of `seat` of `show` as the API reads it: status and body.
+async fn seat_of(server: &common::TestServer, show: &str, seat: &str) -> (u16, Value) {
+    server.get(&format!("/v1/shows/{show}/seats/{seat}")).await
+}
+
 /// A browser with one page (not opened yet) and a server on the shared
 /// test cluster, started side by side; the driver must outlive the page.
 async fn one_page() -> (ChromeDriver, Page, common::TestServer) {
@@ -985,9 +998,7 @@ async fn a_hold_whose_answer_is_lost_is_recovered_not_orphaned() {
 
     // One hold in Redis, the page's: one `held` event, and the page's token
     // reads back with this seat.
-    let (status, events) = server
-        .get(&format!("/v1/shows/{show}/events?after=0-0"))
-        .await;
+    let (status, events) = show_events(&server, &show).await;
     assert_eq!(status, 200, "{events}");
     let held: Vec<&Value> = events["events"]
         .as_array()
@@ -1032,7 +1043,7 @@ async fn a_hold_whose_answer_is_lost_is_recovered_not_orphaned() {
     assert_eq!(confirms.dropped(), 2, "the proxy spoilt fewer answers");
     // The panel closed with the sale: the keyboard is back on the seat.
     page.wait_focus("seat-A3", 2 * SECOND).await;
-    let (status, seat) = server.get(&format!("/v1/shows/{show}/seats/A3")).await;
+    let (status, seat) = seat_of(&server, &show, "A3").await;
     assert_eq!((status, &seat["state"]), (200, &json!("sold")), "{seat}");
     page.browser.quit().await;
     server.stop().await;
@@ -1085,13 +1096,13 @@ async fn a_hold_the_page_gave_up_on_is_released_once_its_answer_comes() {
         "the page gave up after {gave_up:?} and {} lost answers: {message}",
         holds.dropped()
     );
-    let (status, seat) = server.get(&format!("/v1/shows/{show}/seats/A1")).await;
+    let (status, seat) = seat_of(&server, &show, "A1").await;
     assert_eq!((status, &seat["state"]), (200, &json!("held")), "{seat}");
 
     holds.heal();
     let healed = Instant::now();
     loop {
-        let (status, seat) = server.get(&format!("/v1/shows/{show}/seats/A1")).await;
+        let (status, seat) = seat_of(&server, &show, "A1").await;
         assert_eq!(status, 200, "{seat}");
         if seat["state"] == "free" {
             break;
@@ -1107,9 +1118,7 @@ async fn a_hold_the_page_gave_up_on_is_released_once_its_answer_comes() {
         healed.elapsed()
     );
     page.wait_seat("A1", "free", healed, 15 * SECOND).await;
-    let (_, events) = server
-        .get(&format!("/v1/shows/{show}/events?after=0-0"))
-        .await;
+    let (_, events) = show_events(&server, &show).await;
     let types: Vec<&str> = events["events"]
         .as_array()
         .expect("events")
@@ -1135,9 +1144,7 @@ async fn a_hold_that_never_arrived_is_not_made_when_the_network_returns() {
     holds.heal();
     // The page asks about it every 3-5 s: two rounds at least.
     tokio::time::sleep(12 * SECOND).await;
-    let (_, events) = server
-        .get(&format!("/v1/shows/{show}/events?after=0-0"))
-        .await;
+    let (_, events) = show_events(&server, &show).await;
     assert_eq!(events["events"], json!([]), "{events}");
     assert_eq!(page.state("A1").await, "free", "{}", page.describe().await);
     page.browser.quit().await;
@@ -1178,9 +1185,7 @@ async fn events_older_than_the_pages_own_hold_leave_it_mine() {
         Duration::from_secs(10),
         "the page's own held event",
         || async {
-            let (_, events) = server
-                .get(&format!("/v1/shows/{show}/events?after=0-0"))
-                .await;
+            let (_, events) = show_events(&server, &show).await;
             events["events"].as_array().is_some_and(|e| e.len() == 3)
         },
     )
@@ -1219,7 +1224,7 @@ async fn a_late_release_answer_does_not_free_a_seat_held_again() {
     page.browser.click("#release").await;
     // The release is done in Redis at once; its answer is 2 s away.
     common::eventually(Duration::from_secs(2), "the release", || async {
-        let (_, seat) = server.get(&format!("/v1/shows/{show}/seats/A1")).await;
+        let (_, seat) = seat_of(&server, &show, "A1").await;
         seat["state"] == "free"
     })
     .await;
