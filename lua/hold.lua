@@ -414,7 +414,9 @@ for i = 1, E do
     -- Several shows: each index also links the hold to the next show's
     -- index ("<ref> > <key>"), so that a sweep of any of them wakes the
     -- next (sweep.lua). Another instance hears only the home show's record
-    -- expire; without the links the other shows waited for a scan.
+    -- expire; without the links the other shows waited for a scan. The
+    -- daemon names the shows in id order, so only the last show's link
+    -- names a lower id: sweep.lua counts the hold's expiry there alone.
     redis.call('ZADD', KEYS[ek + 2 * i - 2], at, entry, at, ARGV[10] .. ' > ' .. KEYS[ek + 2 * (i % E)])
   end
 end

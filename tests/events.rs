@@ -137,8 +137,17 @@ async fn xrange(
     conn: &mut impl redis::aio::ConnectionLike,
     show: &str,
 ) -> Vec<(String, String, String)> {
+    xrange_in(conn, &seathold::keys::KeySpace::new("seat-hold:"), show).await
+}
+
+/// The same in key space `ks`.
+async fn xrange_in(
+    conn: &mut impl redis::aio::ConnectionLike,
+    ks: &seathold::keys::KeySpace,
+    show: &str,
+) -> Vec<(String, String, String)> {
     let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
-        .arg(seathold::keys::KeySpace::new("seat-hold:").events(show))
+        .arg(ks.events(show))
         .arg("-")
         .arg("+")
         .query_async(conn)
@@ -797,6 +806,163 @@ async fn a_dead_instances_multi_show_hold_expires_in_every_show_on_time() {
         assert!(index.is_empty(), "{sh}: index left {index:?}");
     }
     drop(survivor);
+}
+
+/// `n` show ids of one hash slot, from `base`, in id order.
+fn shows_in_one_slot(base: &str, n: usize) -> Vec<String> {
+    let ks = seathold::keys::KeySpace::new("");
+    let slot = ks.show_slot(&format!("{base}-a"));
+    let mut shows: Vec<String> = (0..400_000)
+        .map(|i| format!("{base}-{i}"))
+        .filter(|s| ks.show_slot(s) == slot)
+        .take(n - 1)
+        .collect();
+    shows.push(format!("{base}-a"));
+    shows.sort();
+    assert_eq!(shows.len(), n, "{n} shows in one slot");
+    shows
+}
+
+/// The refs of the `expired` events of `show`'s stream in key space `ks`,
+/// read straight from Redis.
+async fn expired_refs(
+    conn: &mut impl redis::aio::ConnectionLike,
+    ks: &seathold::keys::KeySpace,
+    show: &str,
+) -> Vec<String> {
+    xrange_in(conn, ks, show)
+        .await
+        .into_iter()
+        .filter(|(_, t, _)| t == "expired")
+        .map(|(_, _, r)| r)
+        .collect()
+}
+
+/// A hold of seat `seat` in each of `shows` (`POST /v1/holds`).
+async fn hold_in_each(api: &Api, shows: &[String], seat: &str, ttl_ms: u64) -> Value {
+    let seats: Value = shows
+        .iter()
+        .map(|s| json!({"show": s, "seat": seat}))
+        .collect();
+    let (status, hold) = api
+        .call(
+            "POST",
+            "/v1/holds",
+            Some(json!({"seats": seats, "ttlMs": ttl_ms})),
+        )
+        .await;
+    assert_eq!(status, 201, "{hold}");
+    hold
+}
+
+/// `d` counted `events` expired events and `holds` holds that expired.
+async fn assert_counted(d: &Daemon, events: f64, holds: f64) {
+    let written = metric(d, "seathold_events_total{type=\"expired\"}").await;
+    assert_eq!(written, events, "expired events written");
+    let counted = metric(d, "seathold_hold_expiries_total").await;
+    assert_eq!(counted, holds, "holds that expired");
+}
+
+/// A hold of several shows writes an `expired` event in each of them but is
+/// one hold: `seathold_hold_expiries_total` counts it once, in the show
+/// whose index links it to a show of lower id (the last of its shows, in
+/// the ring of links that `hold.lua` writes in show order), while
+/// `seathold_events_total{type="expired"}` counts every event. A sweep
+/// reads a hold's entry and its link together even when its batch (200
+/// entries) ends between them: here the lowest show also has 199 holds that
+/// ran out just before this one, and the instance that expires them starts
+/// after all ran out, so its first sweep of that show meets this hold's
+/// entry 200th and its link 201st. Before, each show counted the hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_of_several_shows_is_counted_once_when_it_expires() {
+    let _alone = common::exclusive().await;
+    let base = show("once");
+    // A key prefix of its own: the instance that starts finds only these.
+    let prefix = format!("{base}:");
+    let flags = ["--key-prefix", prefix.as_str()];
+    let ks = seathold::keys::KeySpace::new(&prefix);
+    let shows = shows_in_one_slot(&base, 3);
+
+    let mut first = Daemon::start(&flags).await;
+    let api = Api::new(&first.base);
+    holds(&api, &shows[0], "S", 199, 1_000).await;
+    let hold = hold_in_each(&api, &shows, "M1", 1_500).await;
+    let expires_at = iso_ms(hold["expiresAt"].as_str().expect("expiresAt"));
+    let r = hold_ref(&hold);
+    first.child.kill().expect("SIGKILL the instance");
+    let _ = first.child.wait();
+    // Every hold runs out while no instance runs.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    tokio::time::sleep(Duration::from_millis(
+        u64::try_from(expires_at + 300 - now_ms).unwrap_or(0),
+    ))
+    .await;
+
+    let second = Daemon::start(&flags).await;
+    let mut conn = common::redis().await;
+    let mut expired = vec![Vec::new(); shows.len()];
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        for (sh, found) in shows.iter().zip(expired.iter_mut()) {
+            *found = expired_refs(&mut conn, &ks, sh).await;
+        }
+        if expired[0].len() >= 200 && expired[1..].iter().all(|e| !e.is_empty()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (sh, found) in shows.iter().zip(&expired) {
+        let of_hold = found.iter().filter(|x| **x == r).count();
+        assert_eq!(
+            of_hold, 1,
+            "{sh}: expired events of the hold of three shows"
+        );
+    }
+    assert_eq!(expired[0].len(), 200, "{}: expired events", shows[0]);
+    // Anything counted late would have been counted by now.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    // 199 holds of one show and one of three shows.
+    assert_counted(&second, 202.0, 200.0).await;
+}
+
+/// The same when the sweeps of a hold of three shows lose their answers
+/// (the master froze past the Redis timeout, then ran the scripts it had
+/// buffered): each resend counts what its first run counted, so the hold
+/// is still counted once and its three events three times. A resend finds
+/// the events its first run wrote by their run id; the two that another
+/// show counts say so (`c 0`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_of_several_shows_whose_sweep_answers_were_lost_is_counted_once() {
+    let _alone = common::exclusive().await;
+    let base = show("lost-once");
+    let prefix = format!("{base}:");
+    let d = Daemon::start(&["--key-prefix", prefix.as_str(), "--redis-timeout-ms", "500"]).await;
+    let api = Api::new(&d.base);
+    let ks = seathold::keys::KeySpace::new(&prefix);
+    let shows = shows_in_one_slot(&base, 3);
+    hold_in_each(&api, &shows, "L1", 1_000).await;
+    let made = Instant::now();
+    let (_, master) = common::slot_and_master(&shows[0]).await;
+    // Frozen from just before the hold's sweeps until they have timed out;
+    // under the cluster's node timeout, so no failover.
+    tokio::time::sleep_until((made + Duration::from_millis(900)).into()).await;
+    let thaw = common::Frozen::new(master);
+    tokio::time::sleep(Duration::from_millis(1_400)).await;
+    drop(thaw);
+    eventually(Duration::from_secs(5), "three expired events", || async {
+        metric(&d, "seathold_events_total{type=\"expired\"}").await >= 3.0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut conn = common::redis().await;
+    for sh in &shows {
+        let expired = expired_refs(&mut conn, &ks, sh).await.len();
+        assert_eq!(expired, 1, "{sh}: expired events");
+    }
+    assert_counted(&d, 3.0, 1.0).await;
 }
 
 /// The show readers stop with the server. An embedded server (as tests run

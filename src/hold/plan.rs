@@ -41,6 +41,8 @@ impl Tail {
         with_settings: bool,
     ) -> Self {
         let ks = &service.keys;
+        // In show-id order: every script of a hold names its shows alike,
+        // and sweep.lua counts a hold of several shows by that order.
         let parts: BTreeMap<ShowId, ShowPart> = contents.by_show(home);
         let mut keys = Vec::new();
         for p in &contents.pools {

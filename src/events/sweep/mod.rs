@@ -348,7 +348,7 @@ impl Sweeper {
             .await;
         match reply.as_deref() {
             Ok(
-                [redis::Value::Int(written), redis::Value::Int(next), redis::Value::Array(links), refs @ ..],
+                [redis::Value::Int(written), redis::Value::Int(next), redis::Value::Array(links), redis::Value::Int(counted), refs @ ..],
             ) => {
                 // A hold of several shows links each show's index to the
                 // next: their entries of the same holds are due now too.
@@ -362,10 +362,15 @@ impl Sweeper {
                         }
                     }
                 }
+                // One event per show, and a hold of several shows is
+                // counted by one of them (sweep.lua).
                 if *written > 0 {
                     let n = u64::try_from(*written).unwrap_or(0);
-                    metrics::counter!(m::HOLD_EXPIRIES).increment(n);
                     metrics::counter!(m::EVENTS, "type" => "expired").increment(n);
+                }
+                if *counted > 0 {
+                    let n = u64::try_from(*counted).unwrap_or(0);
+                    metrics::counter!(m::HOLD_EXPIRIES).increment(n);
                 }
                 let holds = refs
                     .iter()
