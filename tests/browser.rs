@@ -1049,12 +1049,14 @@ async fn a_hold_whose_answer_is_lost_is_recovered_not_orphaned() {
     server.stop().await;
 }
 
-/// A page of a new show (tagged `tag`) behind a proxy that does `loss` to
-/// every hold, and a click on seat A1 (TTL 120 s) that the page gave up on
-/// after 20 s; answers the pieces, the click's time and the page's message.
+/// A page of a new show (tagged `tag`, seats A1 and A2, holds of `ttl_ms`)
+/// behind a proxy that does `loss` to every hold, and a click on seat A1
+/// that the page gave up on after 20 s; answers the pieces, the click's
+/// time and the page's message.
 async fn give_up_on_a_hold(
     tag: &str,
     loss: Loss,
+    ttl_ms: u64,
 ) -> (
     ChromeDriver,
     Page,
@@ -1072,7 +1074,7 @@ async fn give_up_on_a_hold(
         Duration::ZERO,
     )
     .await;
-    page.open_via(&holds, &show, "rows=1&cols=2&ttlMs=120000")
+    page.open_via(&holds, &show, &format!("rows=1&cols=2&ttlMs={ttl_ms}"))
         .await;
     let click = Instant::now();
     page.click_seat("A1").await;
@@ -1090,7 +1092,7 @@ async fn give_up_on_a_hold(
 async fn a_hold_the_page_gave_up_on_is_released_once_its_answer_comes() {
     let _alone = BROWSERS.lock().await;
     let (_driver, page, server, holds, show, (click, message)) =
-        give_up_on_a_hold("ui-given-up", Loss::Answer).await;
+        give_up_on_a_hold("ui-given-up", Loss::Answer, 120_000).await;
     let gave_up = click.elapsed();
     eprintln!(
         "the page gave up after {gave_up:?} and {} lost answers: {message}",
@@ -1131,6 +1133,77 @@ async fn a_hold_the_page_gave_up_on_is_released_once_its_answer_comes() {
     server.stop().await;
 }
 
+/// A hold given up on, then the page reloaded (or navigated back) while the
+/// network still loses the answers: the reloaded page goes on asking under
+/// the click's key, which it kept in the tab's sessionStorage, and releases
+/// the hold once the network is back. The hold's TTL is 10 min, so only a
+/// release can free the seat within the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_given_up_on_is_released_after_a_reload() {
+    let _alone = BROWSERS.lock().await;
+    let (_driver, page, server, holds, show, (click, message)) =
+        give_up_on_a_hold("ui-reloaded", Loss::Answer, 600_000).await;
+    eprintln!(
+        "the page gave up after {:?} and {} lost answers: {message}",
+        click.elapsed(),
+        holds.dropped()
+    );
+    let (status, seat) = seat_of(&server, &show, "A1").await;
+    assert_eq!((status, &seat["state"]), (200, &json!("held")), "{seat}");
+
+    // The same address in the same tab: a new page, the tab's storage kept.
+    page.open_via(&holds, &show, "rows=1&cols=2&ttlMs=600000")
+        .await;
+    let reloaded = holds.dropped();
+    // The reloaded page asks every 3-5 s; its answers are lost a while yet.
+    tokio::time::sleep(6 * SECOND).await;
+    let lost = holds.dropped() - reloaded;
+
+    holds.heal();
+    let healed = Instant::now();
+    loop {
+        let (status, seat) = seat_of(&server, &show, "A1").await;
+        assert_eq!(status, 200, "{seat}");
+        if seat["state"] == "free" {
+            break;
+        }
+        assert!(
+            healed.elapsed() < 15 * SECOND,
+            "seat A1 still {seat} 15 s after the network came back (the page was reloaded)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "released {:?} after the network came back, {lost} answers lost after the reload",
+        healed.elapsed()
+    );
+    assert!(
+        lost > 0,
+        "the reloaded page asked nothing before the network came back"
+    );
+    page.wait_seat("A1", "free", healed, 15 * SECOND).await;
+    let (_, events) = show_events(&server, &show).await;
+    let types: Vec<&str> = events["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| e["type"].as_str())
+        .collect();
+    assert_eq!(types, ["held", "released"], "{events}");
+    // The undo is over: nothing is left for a later load to take up.
+    let kept = page
+        .browser
+        .run(
+            "return sessionStorage.getItem('seathold:undos:' + arguments[0]);",
+            json!([show]),
+        )
+        .await;
+    let kept: Value = serde_json::from_str(kept.as_str().unwrap_or("{}")).expect("kept undos");
+    assert_eq!(kept, json!({}), "undos kept after the release");
+    page.browser.quit().await;
+    server.stop().await;
+}
+
 /// A hold that never reached the daemon (the connection broke before
 /// the request was passed on), given up on after 20 s: once the network is
 /// back, the page finds the seat free and leaves it so, rather than making
@@ -1140,7 +1213,7 @@ async fn a_hold_the_page_gave_up_on_is_released_once_its_answer_comes() {
 async fn a_hold_that_never_arrived_is_not_made_when_the_network_returns() {
     let _alone = BROWSERS.lock().await;
     let (_driver, page, server, holds, show, _) =
-        give_up_on_a_hold("ui-never", Loss::Request).await;
+        give_up_on_a_hold("ui-never", Loss::Request, 120_000).await;
     holds.heal();
     // The page asks about it every 3-5 s: two rounds at least.
     tokio::time::sleep(12 * SECOND).await;
