@@ -2,7 +2,7 @@
 
 use redis::Value;
 
-use super::lookup::Found;
+use super::lookup::{Found, Record};
 use super::plan::{ints, replay_of, Tail};
 use super::{count, Answer, Service};
 use crate::cluster::{Deadline, Wait};
@@ -13,6 +13,28 @@ use crate::metrics as m;
 use crate::model::{Confirmation, Contents, Hold};
 
 impl Service {
+    /// The live hold `token` that an extend or a change (PATCH) acts on, or
+    /// the answer its `Idempotency-Key` recorded, replayed (as an extend
+    /// answers, the expiry current).
+    pub(super) async fn live_hold(
+        &self,
+        deadline: &Deadline,
+        show: &ShowId,
+        token: &HoldToken,
+        idem: Option<&Idem>,
+    ) -> Result<Result<Record, Answer<Hold>>, Error> {
+        let lookup = self.lookup(deadline, show, token, idem, false).await?;
+        if let (Some(recorded), Some(idem)) = (lookup.recorded, idem) {
+            let recorded = Recorded::parse(&recorded, idem)?;
+            let hold = replay_extend(show, token.clone(), lookup.found, lookup.now_ms, &recorded)?;
+            return Ok(Err(Answer::replayed(hold)));
+        }
+        match lookup.found {
+            Found::Hold(rec) => Ok(Ok(rec)),
+            _ => Err(Error::HoldNotFound),
+        }
+    }
+
     /// The hold record's key, the key of every seat of the hold, then the
     /// tail's keys.
     fn hold_keys(
@@ -82,14 +104,9 @@ impl Service {
         idem: Option<&Idem>,
     ) -> Result<Option<Answer<Hold>>, Error> {
         let token = token.clone();
-        let lookup = self.lookup(deadline, show, &token, idem, false).await?;
-        if let (Some(recorded), Some(idem)) = (lookup.recorded, idem) {
-            let recorded = Recorded::parse(&recorded, idem)?;
-            let hold = replay_extend(show, token, lookup.found, lookup.now_ms, &recorded)?;
-            return Ok(Some(Answer::replayed(hold)));
-        }
-        let Found::Hold(rec) = lookup.found else {
-            return Err(Error::HoldNotFound);
+        let rec = match self.live_hold(deadline, show, &token, idem).await? {
+            Ok(rec) => rec,
+            Err(replayed) => return Ok(Some(replayed)),
         };
         let run = self.run_key(idem);
         let tail = Tail::new(self, show, &rec.contents, &token, false);
@@ -113,7 +130,7 @@ impl Service {
             // a concurrent twin of this request that won the race: the
             // record and Redis's time of this reply tell the expiry.
             let recorded = Recorded::parse(&recorded, &run.idem)?;
-            let now = now.unwrap_or(lookup.now_ms);
+            let now = now.unwrap_or(rec.now_ms);
             let hold = replay_extend(show, token, Found::Nothing, now, &recorded)?;
             if run.own {
                 // The first run's answer: counted and swept as it would

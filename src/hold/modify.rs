@@ -57,14 +57,9 @@ impl Service {
         idem: Option<&Idem>,
     ) -> Result<Option<Answer<Hold>>, Error> {
         let token = token.clone();
-        let lookup = self.lookup(deadline, show, &token, idem, false).await?;
-        if let (Some(recorded), Some(idem)) = (lookup.recorded, idem) {
-            let recorded = Recorded::parse(&recorded, idem)?;
-            let hold = replay_extend(show, token, lookup.found, lookup.now_ms, &recorded)?;
-            return Ok(Some(Answer::replayed(hold)));
-        }
-        let Found::Hold(rec) = lookup.found else {
-            return Err(Error::HoldNotFound);
+        let rec = match self.live_hold(deadline, show, &token, idem).await? {
+            Ok(rec) => rec,
+            Err(replayed) => return Ok(Some(replayed)),
         };
         let old = rec.contents;
         let new = self.changed(show, &old, change)?;
@@ -110,7 +105,7 @@ impl Service {
             // A resend of this very script (under the daemon's own key), or
             // a concurrent twin of this request that won the race.
             let recorded = Recorded::parse(&recorded, &run.idem)?;
-            let now = now.unwrap_or(lookup.now_ms);
+            let now = now.unwrap_or(rec.now_ms);
             let hold = replay_extend(show, token, Found::Nothing, now, &recorded)?;
             if run.own && events.is_some() {
                 metrics::counter!(m::EVENTS, "type" => "modified").increment(1);
