@@ -87,7 +87,9 @@ for i = 1, #due, 2 do
   local ref, fence, seats = string.match(due[i], '^(%S+) (%d+) (.*)$')
   local linked
   if ref then
-    if i + 2 > #due and full then break end -- its link may come next
+    -- its link may come next (never at the head: a batch of one would
+    -- stall)
+    if i > 1 and i + 2 > #due and full then break end
     local of, to = string.match(due[i + 2] or '', '^(%S+) > (.+)$')
     if of == ref then linked = to end
   end

@@ -11,8 +11,10 @@ pub const HOLDS: &str = "seathold_holds_total";
 pub const SEATS_HELD: &str = "seathold_seats_held_total";
 /// Hold requests refused with 409 (contract).
 pub const HOLD_CONFLICTS: &str = "seathold_hold_conflicts_total";
-/// Holds that expired without release or confirm: the `expired` events
-/// this instance wrote, so the sum over instances is the truth (contract).
+/// Holds that expired without release or confirm, counted by the instance
+/// that wrote their `expired` event (for a hold of several shows, the
+/// event of its last show), so the sum over instances is the truth
+/// (contract).
 pub const HOLD_EXPIRIES: &str = "seathold_hold_expiries_total";
 /// Holds released (contract).
 pub const RELEASES: &str = "seathold_releases_total";
@@ -174,7 +176,7 @@ fn describe() {
     );
     describe_counter!(
         HOLD_EXPIRIES,
-        "Holds that expired without release or confirm: the expired events this instance wrote (with --events off, the expiries it claimed first)."
+        "Holds that expired without release or confirm: those whose expired event this instance wrote (a hold of several shows once, by its last show's event; with --events off, the expiries it claimed first)."
     );
     describe_counter!(
         EVENTS,

@@ -885,12 +885,19 @@ async fn a_hold_of_several_shows_is_counted_once_when_it_expires() {
 
     let mut first = Daemon::start(&flags).await;
     let api = Api::new(&first.base);
-    holds(&api, &shows[0], "S", 199, 1_000).await;
-    let hold = hold_in_each(&api, &shows, "M1", 1_500).await;
+    let started = Instant::now();
+    holds(&api, &shows[0], "S", 199, 4_000).await;
+    let hold = hold_in_each(&api, &shows, "M1", 4_500).await;
     let expires_at = iso_ms(hold["expiresAt"].as_str().expect("expiresAt"));
     let r = hold_ref(&hold);
     first.child.kill().expect("SIGKILL the instance");
     let _ = first.child.wait();
+    // Killed before the first of them ran out: it swept none.
+    assert!(
+        started.elapsed() < Duration::from_millis(3_500),
+        "making the holds took {:?}",
+        started.elapsed()
+    );
     // Every hold runs out while no instance runs.
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
