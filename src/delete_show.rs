@@ -7,8 +7,9 @@
 //! one slot on one master: the command asks that master for the slot's key
 //! names (`CLUSTER COUNTKEYSINSLOT`, `CLUSTER GETKEYSINSLOT`), keeps those
 //! under `<prefix>{show:<show>}`, finds its live holds (seats held, hold
-//! records, pool units and holder entries not yet expired on Redis's clock)
-//! and `UNLINK`s them. It refuses a show with a live hold (its own, another
+//! records, pool units and holder entries not yet expired on Redis's clock,
+//! and holds that ran out but whose `expired` event no daemon has written
+//! yet) and `UNLINK`s them. It refuses a show with a live hold (its own, another
 //! show's taking its pool units, or a raw `SET … NX PX` of another writer)
 //! unless `--force` says so, and a slot its master does not serve alone (a
 //! resharding in progress).
@@ -203,7 +204,8 @@ impl Deleter {
 /// the token), hold records that are not an abandoned hold's tombstone,
 /// and members `<n>:<token>` of its pools' and holders' sets whose expiry
 /// (the score) is still ahead on Redis's clock; a hold of another show may
-/// take units of this show's pools.
+/// take units of this show's pools. Holds that ran out but whose expiry no
+/// daemon has written yet count too (up to `BATCH` of them).
 async fn live_holds(
     conn: &mut MultiplexedConnection,
     keys: &[Vec<u8>],
@@ -223,6 +225,7 @@ async fn live_holds(
             p.starts_with(b"#pool-holds:") || p.starts_with(b"#holder:")
         })
         .collect();
+    let index = keys.iter().find(|k| part(k) == b"#deadlines");
     let mut tokens: HashSet<Vec<u8>> = HashSet::new();
     let mut sold = 0;
     for batch in seats.chunks(BATCH) {
@@ -244,9 +247,32 @@ async fn live_holds(
             }
         }
     }
-    if !sets.is_empty() {
+    let mut unswept = 0;
+    if !sets.is_empty() || index.is_some() {
         let (secs, micros): (u64, u64) = query(conn, &redis::cmd("TIME"), t).await?;
         let now = secs * 1000 + micros / 1000;
+        if let Some(index) = index {
+            // Holds whose time ran out but whose `expired` event no daemon
+            // has written yet (their seats and records read as gone): the
+            // deadline index's due entries "<ref> <fence> <seats>", not
+            // the links "<ref> > <key>" of holds of several shows.
+            let due: Vec<Vec<u8>> = query(
+                conn,
+                redis::cmd("ZRANGEBYSCORE")
+                    .arg(index)
+                    .arg("-inf")
+                    .arg(format!("({now}"))
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(BATCH),
+                t,
+            )
+            .await?;
+            unswept = due
+                .iter()
+                .filter(|m| !m.windows(3).any(|w| w == b" > "))
+                .count();
+        }
         for set in sets {
             let members: Vec<Vec<u8>> = query(
                 conn,
@@ -261,7 +287,7 @@ async fn live_holds(
             }
         }
     }
-    Ok((sold, tokens.len()))
+    Ok((sold, tokens.len() + unswept))
 }
 
 /// Whether the node whose `CLUSTER NODES` is `nodes` serves `slot` and is

@@ -2,8 +2,9 @@
 //! show that is over leaves no key behind (sold seats, sale records, its
 //! event stream, pools, settings and idempotency records included) while
 //! another show of the same slot keeps every key; `--dry-run` deletes
-//! nothing; a show with a seat still held is refused unless `--force`; a
-//! bad show id is a configuration error.
+//! nothing; a show with a seat still held, or an expiry no daemon has
+//! written yet, is refused unless `--force`; a bad show id is a
+//! configuration error.
 
 mod common;
 
@@ -275,4 +276,58 @@ async fn a_show_with_a_seat_held_is_refused_unless_forced() {
     let (code, out) = delete_show(&[]);
     assert_eq!(code, Some(2), "{out}");
     assert_eq!(state(&s, &done, "B1").await, "free");
+}
+
+/// A hold whose time ran out while no daemon ran, so that no `expired`
+/// event was written for it yet, counts as live: deleting its show then
+/// would lose that expiry (and, for a hold of several shows, the one event
+/// of them that counts it in `seathold_hold_expiries_total`). Once a daemon
+/// has swept it, the show is deleted.
+#[tokio::test]
+async fn a_show_with_an_expiry_not_yet_written_is_refused() {
+    let _guard = common::shared().await;
+    let sh = show("unswept");
+    // A key prefix of its own: no other test's daemon sweeps this show.
+    let prefix = format!("{sh}:");
+    let mut opts = options();
+    opts.key_prefix.clone_from(&prefix);
+    let s = server_with(opts.clone()).await;
+    let (status, body) = s
+        .post(
+            &format!("/v1/shows/{sh}/holds"),
+            json!({"seats": ["A1"], "ttlMs": 1500}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    s.stop().await;
+    tokio::time::sleep(std::time::Duration::from_millis(2_000)).await;
+
+    let (code, out) = delete_show(&["--key-prefix", &prefix, &sh]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains(&format!("refused  show {sh}: keys "))
+            && out.contains(", seats sold 0, holds live 1 ("),
+        "{out}"
+    );
+
+    // A daemon that starts sweeps it; then the show goes.
+    let s = server_with(opts).await;
+    common::eventually(
+        std::time::Duration::from_secs(5),
+        "the expired event",
+        || async {
+            let (_, page) = s.get(&format!("/v1/shows/{sh}/events?after=0-0")).await;
+            page["events"]
+                .as_array()
+                .is_some_and(|e| e.iter().any(|e| e["type"] == "expired"))
+        },
+    )
+    .await;
+    let (code, out) = delete_show(&["--key-prefix", &prefix, &sh]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains(&format!("deleted  show {sh}: keys ")) && out.contains("holds live 0 ("),
+        "{out}"
+    );
+    s.stop().await;
 }
