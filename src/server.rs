@@ -39,7 +39,7 @@ pub enum StartError {
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Redis(#[from] crate::cluster::ConfigError),
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}: {source}{}", in_use_hint(source))]
     Listen {
         addr: SocketAddr,
         source: std::io::Error,
@@ -143,6 +143,16 @@ pub async fn bind(opts: &Options) -> Result<TcpListener, StartError> {
             addr: opts.listen,
             source,
         })
+}
+
+/// What to do about an address in use (another seathold, maybe a `seathold
+/// dev` still running).
+fn in_use_hint(err: &std::io::Error) -> &'static str {
+    if err.kind() == std::io::ErrorKind::AddrInUse {
+        " (another process, maybe another seathold, listens there; --listen picks another address)"
+    } else {
+        ""
+    }
 }
 
 /// Serves the API on `listener` until `shutdown` completes, then shuts down
@@ -578,10 +588,13 @@ pub async fn dev(dev: DevOptions, shutdown: impl Future<Output = ()>) -> Result<
         1 => format!("1 {one}"),
         n => format!("{n} {one}s"),
     };
+    let replicas = match dev.replicas {
+        0 => "no replicas".to_owned(),
+        n => format!("{} each", plural(n, "replica")),
+    };
     say!(
-        "starting a local Redis Cluster ({}, {} each)...",
-        plural(dev.masters, "master"),
-        plural(dev.replicas, "replica")
+        "starting a local Redis Cluster ({}, {replicas})...",
+        plural(dev.masters, "master")
     );
     let cluster = crate::dev::LocalCluster::start(crate::dev::ClusterOptions {
         masters: usize::from(dev.masters),
@@ -604,6 +617,9 @@ pub async fn dev(dev: DevOptions, shutdown: impl Future<Output = ()>) -> Result<
     }
     say!("  curl -s -XPOST {url}/v1/shows/42/holds -H 'content-type: application/json' -d '{{\"seats\":[\"E7\",\"E8\"]}}'");
     say!("  curl -s {url}/v1/shows/42/seats/E7\n");
+    if opts.api_token.is_some() {
+        say!("  (this daemon wants its --api-token: add -H 'authorization: Bearer <token>')\n");
+    }
     let result = run(opts, listener, shutdown).await;
     say!("stopping the local Redis Cluster...");
     let dir = cluster.dir().to_path_buf();

@@ -192,6 +192,7 @@ fn bad_configuration_stops_start_up_with_a_clear_message() {
     let (code, text) = run(&args, &[]);
     assert_eq!(code, Some(1), "{args:?}:\n{text}");
     assert!(text.contains("cannot listen on"), "{text}");
+    assert!(text.contains("--listen picks another address"), "{text}");
     drop(busy);
 }
 

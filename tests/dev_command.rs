@@ -286,7 +286,7 @@ async fn dev_without_replicas_confirms() {
         "0",
     ]);
     assert!(
-        run.banner.contains("(1 master, no replicas each)"),
+        run.banner.contains("(1 master, no replicas)"),
         "{}",
         run.banner
     );
