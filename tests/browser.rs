@@ -419,14 +419,25 @@ impl Page {
 
     /// This page's holds as it keeps them: seat -> {token, ref, expiresAt}.
     async fn kept_holds(&self, show: &str) -> Value {
+        self.kept("holds", show).await
+    }
+
+    /// The keys of unanswered holds this tab keeps: key -> {id, path, …}.
+    async fn kept_undos(&self, show: &str) -> Value {
+        self.kept("undos", show).await
+    }
+
+    /// What the page keeps in the tab's sessionStorage under
+    /// `seathold:<what>:<show>`, `{}` when nothing.
+    async fn kept(&self, what: &str, show: &str) -> Value {
         let raw = self
             .browser
             .run(
-                "return sessionStorage.getItem('seathold:holds:' + arguments[0]);",
-                json!([show]),
+                "return sessionStorage.getItem('seathold:' + arguments[0] + ':' + arguments[1]);",
+                json!([what, show]),
             )
             .await;
-        serde_json::from_str(raw.as_str().unwrap_or("{}")).expect("kept holds")
+        serde_json::from_str(raw.as_str().unwrap_or("{}")).expect("kept in sessionStorage")
     }
 }
 
@@ -1221,15 +1232,7 @@ async fn a_hold_given_up_on_is_released_after_a_reload() {
     g.page.wait_seat("A1", "free", healed, 15 * SECOND).await;
     assert_eq!(event_types(&g.server, &g.show).await, ["held", "released"]);
     // The undo is over: nothing is left for a later load to take up.
-    let kept = g
-        .page
-        .browser
-        .run(
-            "return sessionStorage.getItem('seathold:undos:' + arguments[0]);",
-            json!([g.show]),
-        )
-        .await;
-    let kept: Value = serde_json::from_str(kept.as_str().unwrap_or("{}")).expect("kept undos");
+    let kept = g.page.kept_undos(&g.show).await;
     assert_eq!(kept, json!({}), "undos kept after the release");
     g.page.browser.quit().await;
     g.server.stop().await;
@@ -1274,6 +1277,9 @@ async fn a_hold_interrupted_by_a_reload_is_the_customers() {
     assert_eq!(event_types(&server, &show).await, ["held"]);
     let kept = page.kept_holds(&show).await;
     assert!(kept.get("A1").is_some(), "the page keeps the hold: {kept}");
+    // Taken up: no later load asks under the key again.
+    let undos = page.kept_undos(&show).await;
+    assert_eq!(undos, json!({}), "undos kept after the hold was taken");
     page.browser.quit().await;
     server.stop().await;
 }
