@@ -95,14 +95,13 @@ for i = 1, #due, 2 do
   end
   redis.call('ZREM', KEYS[1], due[i])
   if ref then
+    local fields = {'t', 'expired', 'r', ref, 's', seats, 'f', fence, 'x', due[i + 1], 'u', ARGV[3]}
     if linked and not before(linked, KEYS[1]) then
-      redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*',
-        't', 'expired', 'r', ref, 's', seats, 'f', fence, 'x', due[i + 1], 'u', ARGV[3], 'c', '0')
+      fields[13], fields[14] = 'c', '0'
     else
-      redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*',
-        't', 'expired', 'r', ref, 's', seats, 'f', fence, 'x', due[i + 1], 'u', ARGV[3])
       reply[4] = reply[4] + 1
     end
+    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', unpack(fields))
     reply[1] = reply[1] + 1
     reply[#reply + 1] = ref
   else
