@@ -3,7 +3,8 @@
 //! [`run`] takes the shutdown signal as a future, so tests start and stop
 //! servers in-process. Shutdown is in three steps: `/readyz` turns 503 at
 //! once; the server keeps accepting and serving for the drain time, so load
-//! balancers notice and move traffic; then it stops accepting, lets requests
+//! balancers notice and move traffic (every answer then closes its
+//! connection: keep-alive clients move too); then it stops accepting, lets requests
 //! in flight finish (bounded, since every Redis call is), gives the
 //! background releases of holds answered 503 one more Redis timeout while
 //! its tasks stop, and returns.

@@ -282,17 +282,25 @@ impl Cluster {
     pub async fn maintain(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let interval = Duration::from_millis(500);
         let mut last = Instant::now();
-        self.check_once().await;
+        let mut first = true;
         loop {
             // Every 500 ms, or after 50 ms when the direct path found the
             // slot map stale (a redirect or a broken connection).
+            if first || last.elapsed() >= interval || self.stale.load(Ordering::Relaxed) {
+                first = false;
+                last = Instant::now();
+                // A probe waiting on Redis (up to a Redis timeout to
+                // connect or ask, another to load scripts on new masters)
+                // is dropped at shutdown rather than waited for: nothing
+                // after shutdown needs what it would install.
+                tokio::select! {
+                    () = self.check_once() => {}
+                    _ = shutdown.wait_for(|s| *s) => return,
+                }
+            }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(50)) => {}
                 _ = shutdown.wait_for(|s| *s) => return,
-            }
-            if last.elapsed() >= interval || self.stale.load(Ordering::Relaxed) {
-                last = Instant::now();
-                self.check_once().await;
             }
         }
     }

@@ -34,6 +34,11 @@ impl Readiness {
         self.cluster_ok.load(Ordering::Relaxed) && !self.shutting_down.load(Ordering::Relaxed)
     }
 
+    /// Whether shutdown has begun.
+    pub fn shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Relaxed)
+    }
+
     /// Why not ready (or that it is).
     pub fn reason(&self) -> String {
         if self.shutting_down.load(Ordering::Relaxed) {

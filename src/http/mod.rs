@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use metrics_exporter_prometheus::PrometheusHandle;
 
@@ -176,9 +176,18 @@ pub async fn handle(app: Arc<App>, req: Request<impl ReqBody>, peer: SocketAddr)
     let (head, body) = req.into_parts();
     let segments = Segments::of(head.uri.path());
     let route = Route::parse(segments.as_ref());
-    let response = dispatch(&app, route, &head, body)
+    let mut response = dispatch(&app, route, &head, body)
         .await
         .unwrap_or_else(error_response);
+    if app.readiness.shutting_down() {
+        // Draining: the client's next request goes on a new connection
+        // (elsewhere, once the load balancer has seen /readyz), not on this
+        // one, which the end of the drain would close unread. hyper closes
+        // the connection after an answer that says so.
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
     let template = route.template();
     let elapsed = start.elapsed();
     m::hot::observe(
