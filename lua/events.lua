@@ -8,20 +8,24 @@
 -- ARGV[3]  "1" when the cursor is an event the reader had from this stream
 --          (Last-Event-ID, a show reader's own position), "0" when it is a
 --          position (?after=, possibly made from a time)
+-- ARGV[4]  the streams' length cap (--events-max-len)
 --
 -- Returns {1, entries, newest} with up to ARGV[2] entries after the cursor,
 -- as XRANGE answers them, and the id of the newest entry kept ("0-0" when
 -- none); {0} when the cursor cannot be resumed from exactly (the reader
 -- must reload seat states and start over from the newest id):
 --
--- - Entries after it may have been trimmed away. Trimming (XADD MAXLEN ~)
---   removes the oldest entries but does not move XINFO's
---   max-deleted-entry-id (only XDEL does, and hold.lua XDELs entries it
---   rewrites, which lost nothing). So a cursor is too old when the stream
---   has lost entries (entries-added > length) and the cursor is before its
---   first kept entry: the entry right after the cursor may be gone. A
---   client whose cursor is exactly the last trimmed entry gets 410 too,
---   needlessly but safely.
+-- - Entries after it may have been trimmed away. A cursor is too old when
+--   the stream was trimmed and the cursor is before its first kept entry:
+--   the entry right after the cursor may be gone. A client whose cursor is
+--   exactly the last trimmed entry gets 410 too, needlessly but safely.
+--   Whether it was trimmed: XINFO's entries-added above its length says
+--   that entries went, but so do the scripts' own XDELs (an event
+--   rewritten under another id, or undone in the run that wrote it), which
+--   lost nothing, and max-deleted-entry-id is moved by those XDELs, not by
+--   trimming. But trimming (XADD MAXLEN ~) never leaves fewer entries than
+--   the cap, and no script run leaves fewer than it found: a stream below
+--   the cap was never trimmed. (An XTRIM or XDEL by hand breaks that.)
 -- - An event the reader had (ARGV[3] = "1") that the stream no longer
 --   has, though it is not before the first entry: a failover lost it (the
 --   replica promoted never had it, nor the transitions before it that a
@@ -60,7 +64,7 @@ if cursor ~= '0-0' then
     -- reader had is gone.
     if exact then return {0} end
   elseif older(cursor, first) then
-    if added > length then return {0} end
+    if added > length and length >= tonumber(ARGV[4]) then return {0} end
   elseif exact and #redis.call('XRANGE', KEYS[1], cursor, cursor) == 0 then
     return {0}
   end

@@ -45,6 +45,8 @@ pub struct Hub {
     /// position is possible: `XADD MAXLEN ~` keeps at least the cap, so a
     /// read after a trimmed position answers at least this many.
     gap_possible_at: usize,
+    /// The streams' length cap (`--events-max-len`).
+    max_len: u64,
     /// Turns true at shutdown: every reader stops, views in use or not.
     closed: watch::Sender<bool>,
     /// Most readers at once (`--max-event-readers`).
@@ -98,8 +100,15 @@ impl Hub {
             shows: Mutex::new(HashMap::new()),
             block,
             gap_possible_at: usize::try_from(max_len).unwrap_or(usize::MAX).min(BUFFER),
+            max_len,
             closed: watch::Sender::new(false),
         })
+    }
+
+    /// The streams' length cap (`--events-max-len`), which reads of them
+    /// need to tell a trimmed stream (410) from one that was not.
+    pub fn max_len(&self) -> u64 {
+        self.max_len
     }
 
     /// Stops every reader (at shutdown, once the event streams have ended):
@@ -356,6 +365,7 @@ impl Hub {
             show,
             Cursor::Resume(from),
             1,
+            self.max_len,
         )
         .await
         {

@@ -227,7 +227,8 @@ pub struct Read {
 }
 
 /// Reads up to `limit` entries of `show`'s stream after `cursor`: 410
-/// `events_expired` when some after the cursor were trimmed away, or
+/// `events_expired` when some after the cursor were trimmed away (streams
+/// are capped at about `max_len` entries), or
 /// (`Cursor::Resume`) the stream no longer has the cursor's event.
 pub async fn read(
     cluster: &Cluster,
@@ -236,6 +237,7 @@ pub async fn read(
     show: &ShowId,
     cursor: Cursor,
     limit: usize,
+    max_len: u64,
 ) -> Result<Read, Error> {
     let stream = [keys.events(show)];
     let (from, exact) = match cursor {
@@ -245,7 +247,7 @@ pub async fn read(
     };
     let reply: Vec<Value> = cluster
         .eval(deadline, &cluster.scripts().events, &stream, |c| {
-            c.arg(&from).arg(limit).arg(exact);
+            c.arg(&from).arg(limit).arg(exact).arg(max_len);
         })
         .await?;
     match reply.as_slice() {

@@ -42,6 +42,8 @@ pub struct Subscription {
     pub cluster: Arc<Cluster>,
     pub keys: KeySpace,
     pub show: ShowId,
+    /// The streams' length cap (`--events-max-len`).
+    pub max_len: u64,
     /// Turns true when the server closes: the stream ends.
     pub closing: watch::Receiver<bool>,
     /// Closes the client's connection; used when it stopped reading.
@@ -60,7 +62,16 @@ pub async fn subscribe(
 ) -> Result<Body, Error> {
     let (live, feed) = events.hub.subscribe(&sub.show).ok_or(Error::Overloaded)?;
     wait_started(deadline, feed).await?;
-    let first = read(&sub.cluster, &sub.keys, deadline, &sub.show, cursor, PAGE).await?;
+    let first = read(
+        &sub.cluster,
+        &sub.keys,
+        deadline,
+        &sub.show,
+        cursor,
+        PAGE,
+        sub.max_len,
+    )
+    .await?;
     let newest = first.newest;
     let start = match cursor {
         Cursor::After(id) | Cursor::Resume(id) => id,
@@ -177,6 +188,7 @@ async fn feed_client(
                 &sub.show,
                 Cursor::After(cursor),
                 PAGE,
+                sub.max_len,
             )
             .await
             {

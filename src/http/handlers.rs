@@ -374,6 +374,7 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
             cluster: std::sync::Arc::clone(cluster),
             keys: keys.clone(),
             show,
+            max_len: events.hub.max_len(),
             closing: req.app.closing.subscribe(),
             disconnect: req.head.extensions.get::<super::Disconnect>().cloned(),
         };
@@ -399,7 +400,17 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
         return Ok(resp);
     }
     let cursor = cursor.unwrap_or(Cursor::After(EventId::ZERO));
-    let read = read(cluster, keys, &req.deadline(), &show, cursor, limit).await?;
+    let max_len = events.hub.max_len();
+    let read = read(
+        cluster,
+        keys,
+        &req.deadline(),
+        &show,
+        cursor,
+        limit,
+        max_len,
+    )
+    .await?;
     // Past the last entry read, an event or not: a page of entries that
     // are not events (written by hand) must not answer its own cursor.
     let next = match (read.last, after) {
