@@ -70,11 +70,14 @@ pub fn app(opts: &Options) -> Result<Arc<App>, StartError> {
     crate::metrics::register_zeroes();
     let keys = KeySpace::new(opts.key_prefix.clone());
     let events = opts.events.is_on().then(|| {
-        // A reader that blocks at most half the view's lag bound proves it
-        // is current often enough for the view to answer.
+        // A reader is current as of when it sent its last XREAD that came
+        // back short; on a quiet stream the next one comes back a block
+        // later, so that time is up to two blocks (and round trips) old.
+        // Blocking a third of the view's lag bound keeps it within the
+        // bound, and the view answering.
         let block = match opts.view_max_lag_ms {
             0 => Duration::from_millis(crate::events::hub::BLOCK_MS),
-            lag => Duration::from_millis((lag / 2).max(10)),
+            lag => Duration::from_millis((lag / 3).max(10)),
         };
         let hub = Hub::new(
             Arc::clone(&cluster),

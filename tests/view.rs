@@ -871,3 +871,106 @@ async fn views_leave_event_streams_half_the_readers() {
     assert_eq!(status, 201);
     wait_view(&a, &streams[0], "A1").await;
 }
+
+/// A daemon that stalled (a paused VM or container, CPU throttling,
+/// swapping) answers nothing from a view that missed events meanwhile.
+/// Here the daemon A (its own process, with a view) is stopped with
+/// SIGSTOP while B releases two seats A's view knows held; the reply of
+/// A's last XREAD (nothing new, when its block ran out) waits in A's
+/// socket. Reads of one seat and a hold of the other sent to A while it is
+/// stopped are answered once it resumes, 1.4 s after the release: free,
+/// and 201.
+/// Before, the view counted itself current from when a reply was handled,
+/// not from when it was asked for, so the stale reply handled first made
+/// the view current again and the requests behind it were answered "held"
+/// and 409 by the view, more than five times the lag bound after the seat
+/// was freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_that_stalled_does_not_answer_from_a_stale_view() {
+    let _lock = exclusive().await;
+    let a = common::Daemon::start(&["--view-min-rate", "0"]).await;
+    let b = server_with(without_view()).await;
+    let http = reqwest::Client::new();
+    let a_reads = || async {
+        series(
+            &a.metrics().await,
+            "seathold_view_answers_total{kind=\"read\"}",
+        )
+    };
+    for trial in 0..3 {
+        let sh = show(&format!("stall-{trial}"));
+        let token = held(&b, &sh, "E7", Some(60_000)).await;
+        let read_token = held(&b, &sh, "E8", Some(60_000)).await;
+        let url = format!("{}/v1/shows/{sh}/seats/E8", a.base);
+        eventually(
+            Duration::from_secs(5),
+            "A's view to answer a read",
+            || async {
+                let before = a_reads().await;
+                let read: Value = http
+                    .get(&url)
+                    .send()
+                    .await
+                    .expect("read")
+                    .json()
+                    .await
+                    .expect("JSON");
+                assert_eq!(read["state"], "held", "{read}");
+                a_reads().await > before
+            },
+        )
+        .await;
+
+        a.signal("STOP");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        release(&b, &sh, &token).await;
+        release(&b, &sh, &read_token).await;
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        // Sent to the stopped daemon: each waits in its socket. (Reads of
+        // the seat not held again: one answered after the hold would
+        // rightly say held.)
+        let reads: Vec<_> = (0..10)
+            .map(|_| {
+                let (http, url) = (http.clone(), url.clone());
+                tokio::spawn(async move {
+                    let read: Value = http
+                        .get(&url)
+                        .send()
+                        .await
+                        .expect("read")
+                        .json()
+                        .await
+                        .expect("JSON");
+                    read
+                })
+            })
+            .collect();
+        let hold = {
+            let (http, base, sh) = (http.clone(), a.base.clone(), sh.clone());
+            tokio::spawn(async move {
+                let resp = http
+                    .post(format!("{base}/v1/shows/{sh}/seats/E7/hold"))
+                    .json(&json!({"ttlMs": 60_000}))
+                    .send()
+                    .await
+                    .expect("hold");
+                let status = resp.status().as_u16();
+                (status, resp.json::<Value>().await.expect("JSON"))
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        a.signal("CONT");
+        for read in reads {
+            let read = read.await.expect("read task");
+            assert_eq!(
+                read["state"], "free",
+                "trial {trial}: a read answered after the stall: {read}"
+            );
+        }
+        let (status, body) = hold.await.expect("hold task");
+        assert_eq!(
+            status, 201,
+            "trial {trial}: a hold answered after the stall: {body}"
+        );
+    }
+}

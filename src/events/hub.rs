@@ -244,10 +244,11 @@ impl Hub {
             let Some(from) = last else {
                 // Pin the starting position before the first read, so that
                 // an event written meanwhile is not skipped.
+                let asked_at = mono_ms();
                 last = self.newest(c, &stream).await;
                 if last.is_some() {
                     backoff = Duration::from_millis(50);
-                    current_at.store(mono_ms(), Ordering::Relaxed);
+                    current_at.store(asked_at, Ordering::Relaxed);
                     started.send_replace(true);
                 } else {
                     // Refused (ACL, LOADING, MOVED) or broken: pause as
@@ -266,6 +267,11 @@ impl Hub {
                 .arg("STREAMS")
                 .arg(&stream)
                 .arg(from.to_string());
+            // What a reply holds is current as of when it was asked for,
+            // not when it is handled: a reply that waited (a stalled
+            // process, a busy machine) says nothing of what was written
+            // meanwhile.
+            let asked_at = mono_ms();
             let reply = tokio::select! {
                 reply = xread.query_async::<Value>(c) => reply,
                 _ = closed.wait_for(|c| *c) => {
@@ -338,9 +344,9 @@ impl Hub {
                         let _ = tx.send(Live::Event(Arc::new(event)));
                     }
                     // After the events went out: a view that sees this time
-                    // has applied everything before it.
+                    // has applied everything written before it.
                     if !full {
-                        current_at.store(mono_ms(), Ordering::Relaxed);
+                        current_at.store(asked_at, Ordering::Relaxed);
                     }
                 }
                 Err(err) => {
