@@ -10,9 +10,12 @@
 --          position (?after=, possibly made from a time)
 -- ARGV[4]  the streams' length cap (--events-max-len)
 --
--- Returns {1, entries, newest} with up to ARGV[2] entries after the cursor,
--- as XRANGE answers them, and the id of the newest entry kept ("0-0" when
--- none); {0} when the cursor cannot be resumed from exactly (the reader
+-- Returns {1, entries, newest, before, added} with up to ARGV[2] entries
+-- after the cursor, as XRANGE answers them; the id of the newest entry kept
+-- ("0-0" when none); after a position (ARGV[3] = "0", not "0-0") followed
+-- by entries, the newest entry at or before it ("0-0" when none; "" in
+-- other cases); and XINFO's entries-added, which only grows in one stream
+-- (a stream deleted and begun again starts over from 0); {0} when the cursor cannot be resumed from exactly (the reader
 -- must reload seat states and start over from the newest id):
 --
 -- - Entries after it may have been trimmed away. A cursor is too old when
@@ -27,13 +30,15 @@
 --   the cap, and no script run leaves fewer than it found: a stream below
 --   the cap was never trimmed. (An XTRIM or XDEL by hand breaks that.)
 -- - An event the reader had (ARGV[3] = "1") that the stream no longer
---   has, though it is not before the first entry: a failover lost it (the
---   replica promoted never had it, nor the transitions before it that a
---   seat map already shows), or the stream went with it. Every entry a
+--   has: a failover lost it (the replica promoted never had it, nor the
+--   transitions before it that a seat map already shows), or the stream
+--   went with it (deleted, by delete-show, and maybe begun again by later
+--   holds: then the cursor is before its first entry, though it lost none). Every entry a
 --   reader can see stays until trimmed: the scripts XDEL only entries they
 --   wrote in the same run.
--- A cursor before the first entry of a stream that lost none is resumed
--- (everything kept follows it), and "0-0" is always: everything kept.
+-- A position (ARGV[3] = "0") before the first entry of a stream that was
+-- never trimmed is resumed (everything kept follows it), and "0-0" is
+-- always: everything kept.
 local function older(a, b)
   local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
   local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
@@ -43,7 +48,7 @@ end
 local cursor, exact = ARGV[1], ARGV[3] == '1'
 if redis.call('EXISTS', KEYS[1]) == 0 then
   if exact and cursor ~= '0-0' then return {0} end
-  return {1, {}, '0-0'}
+  return {1, {}, '0-0', '', 0}
 end
 local info = redis.call('XINFO', 'STREAM', KEYS[1])
 local length, added, first, newest = 0, 0, nil, '0-0'
@@ -56,7 +61,7 @@ for i = 1, #info, 2 do
   end
 end
 if cursor == '$' then
-  return {1, {}, newest}
+  return {1, {}, newest, '', added}
 end
 if cursor ~= '0-0' then
   if not first then
@@ -64,9 +69,17 @@ if cursor ~= '0-0' then
     -- reader had is gone.
     if exact then return {0} end
   elseif older(cursor, first) then
-    if added > length and length >= tonumber(ARGV[4]) then return {0} end
+    if exact or (added > length and length >= tonumber(ARGV[4])) then return {0} end
   elseif exact and #redis.call('XRANGE', KEYS[1], cursor, cursor) == 0 then
     return {0}
   end
 end
-return {1, redis.call('XRANGE', KEYS[1], '(' .. cursor, '+', 'COUNT', ARGV[2]), newest}
+local entries = redis.call('XRANGE', KEYS[1], '(' .. cursor, '+', 'COUNT', ARGV[2])
+if exact or cursor == '0-0' or #entries == 0 then
+  return {1, entries, newest, '', added}
+end
+-- A position followed by entries: also the newest entry at or before it
+-- (0-0 when none), which names the same place as an entry, so that a
+-- client can resume from it exactly (an SSE stream's opening frame).
+local at = redis.call('XREVRANGE', KEYS[1], cursor, '-', 'COUNT', 1)
+return {1, entries, newest, at[1] and at[1][1] or '0-0', added}

@@ -17,9 +17,9 @@
 //! Run it as a user that may run those commands, `CLUSTER NODES`, `TIME`,
 //! `MGET` and `ZRANGEBYSCORE` (the `admin` user of
 //! `cluster/acl.conf`; the `seathold` user there may not), after the show's
-//! sale has stopped. A daemon that answered the show's requests in the last
-//! 30 s may still know its sold seats from its seat view until the view is
-//! dropped; requests for a deleted show are not expected.
+//! sale has stopped. A daemon's seat view of the show forgets its sold
+//! seats within about a second: its stream reader finds the stream gone,
+//! or begun again by later holds.
 
 use std::collections::HashSet;
 use std::fmt;

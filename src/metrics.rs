@@ -278,7 +278,7 @@ fn describe() {
     );
     describe_counter!(
         EVENT_READER_GAPS,
-        "Times a show's event reader could not go on from its position: events after it trimmed away (cut off or behind), or its position lost in a failover."
+        "Times a show's event reader could not go on from its position: events after it trimmed away (cut off or behind), its position lost in a failover, or its stream deleted."
     );
     describe_counter!(
         SWEEP_FAILURES,

@@ -331,3 +331,52 @@ async fn a_show_with_an_expiry_not_yet_written_is_refused() {
     );
     s.stop().await;
 }
+
+/// A daemon whose seat view knew a deleted show's sold seats forgets them
+/// within about a second, however often the show is asked for: its stream
+/// reader finds that its position is gone (the stream was deleted, and a
+/// new one started by the next holds), starts over, and the seats are
+/// free. Before, the reader went on with the new stream as if nothing had
+/// happened, and every hold attempt kept the view alive: a seat sold
+/// before the deletion was refused as sold for as long as it was asked for
+/// (more than 40 s in a review), while reads of it said free.
+#[tokio::test]
+async fn a_view_forgets_the_sold_seats_of_a_deleted_show() {
+    let _guard = common::shared().await;
+    let s = server_with(seathold::config::Options {
+        view_min_rate: 0,
+        ..options()
+    })
+    .await;
+    let sh = show("reused");
+    let token = hold(&s, &sh, &["E7"]).await;
+    let (status, body) = s.confirm(&sh, &token).await;
+    assert_eq!(status, 200, "{body}");
+    // A hold of E7 refused as sold: the view has it (from the `confirmed`
+    // event, or from Redis's answer), and answers from now on.
+    let path = format!("/v1/shows/{sh}/seats/E7/hold");
+    for _ in 0..20 {
+        let (status, body) = s.post(&path, json!({"ttlMs": 60000})).await;
+        assert_eq!(status, 409, "{body}");
+        assert_eq!(body["taken"][0]["state"], "sold", "{body}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let (code, out) = delete_show(&[&sh]);
+    assert_eq!(code, Some(0), "{out}");
+    // New activity makes a new stream, which the old reader would follow.
+    hold(&s, &sh, &["F1"]).await;
+    let deleted = std::time::Instant::now();
+    loop {
+        let (status, body) = s.post(&path, json!({"ttlMs": 60000})).await;
+        if status == 201 {
+            break;
+        }
+        assert_eq!(status, 409, "{body}");
+        assert!(
+            deleted.elapsed() < std::time::Duration::from_secs(3),
+            "E7 of the deleted show still refused {:?} after: {body}",
+            deleted.elapsed()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

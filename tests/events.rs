@@ -1654,6 +1654,32 @@ async fn a_stream_opened_after_a_position_resumes_after_a_break() {
     assert_eq!(got.len(), 1);
     assert_eq!(got[0]["holdRef"], json!(hold_ref(&missed)));
 
+    // Events follow the position: the opening frame announces the newest
+    // event before it all the same (the first, here), and a client whose
+    // connection broke before the events reached it resumes from there.
+    // Before, it announced the position, which names no event: 410, and
+    // with a position before the first event 410 too.
+    let sh = show("after-pos-between");
+    let first = id_of_fence(fence(&api.hold(&sh, &["Q1".to_owned()], LONG_TTL).await));
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    api.hold(&sh, &["Q2".to_owned()], LONG_TTL).await;
+    let between = format!("{}-999", id_ms(&first));
+    let before_all = format!("{}-0", id_ms(&first) - 60_000);
+    for (position, announced) in [(&between, first.as_str()), (&before_all, "0-0")] {
+        let (status, sub) = sse(&d.base, &sh, &format!("?after={position}"), None).await;
+        assert_eq!(status, 200);
+        let start = sub.expect("subscribed").start.clone();
+        assert_eq!(start, announced, "the start announced ?after={position}");
+        let (status, sub) = sse(&d.base, &sh, "", Some(&start)).await;
+        assert_eq!(status, 200, "resumed from {start}");
+        let got = sub.expect("subscribed").take(1).await;
+        assert!(!got.is_empty());
+        assert!(
+            id_key(got[0]["id"].as_str().expect("id")) > id_key(&start),
+            "{got:?}"
+        );
+    }
+
     // A show without events: the start is 0-0, which always resumes.
     let quiet = show("after-pos-empty");
     let (_, sub) = sse(&d.base, &quiet, &format!("?after={position}"), None).await;

@@ -34,6 +34,10 @@ pub const BUFFER: usize = 1024;
 /// reader checks for subscribers between.
 pub const BLOCK_MS: u64 = 2_000;
 
+/// How often a reader checks that the stream still has its position,
+/// besides after a failed read or a full reply (one `events.lua` call).
+const CHECK_POSITION_MS: u64 = 1_000;
+
 /// The per-show readers of this instance.
 pub struct Hub {
     cluster: Arc<Cluster>,
@@ -219,6 +223,9 @@ impl Hub {
         // Whether a read failed since the last one that succeeded: the next
         // reply is applied only once nothing after `last` proves trimmed.
         let mut resumed = false;
+        let mut checked_at = mono_ms();
+        // The stream's entries-added at the last check.
+        let mut added = 0;
         let mut closed = self.closed.subscribe();
         // Under the hub's lock, so that a new subscriber either finds this
         // reader's sender or starts a new reader.
@@ -291,8 +298,22 @@ impl Hub {
                     // last events at all: the transitions they told of were
                     // undone, and later ids may even be below them (a new
                     // master whose clock is behind).
-                    if resumed || count >= self.gap_possible_at {
-                        match self.lost_after(&show, from).await {
+                    // And now and then in any case: a stream deleted (by
+                    // delete-show) and begun again by later holds goes on
+                    // above the position with no error and no gap in
+                    // sight, while the view still knows the old seats. The
+                    // new stream lacks the position, or, once the reader
+                    // has moved into it, was given fewer entries than the
+                    // old one (entries-added only grows in one stream).
+                    let due = mono_ms().saturating_sub(checked_at) >= CHECK_POSITION_MS;
+                    if resumed || due || count >= self.gap_possible_at {
+                        checked_at = mono_ms();
+                        let checked = self.lost_after(&show, from).await.map(|kept| {
+                            let lost = kept.is_none_or(|now| now < added);
+                            added = kept.unwrap_or(0);
+                            lost
+                        });
+                        match checked {
                             Ok(false) => {}
                             Ok(true) => {
                                 lost_events(&show, &feed);
@@ -308,6 +329,7 @@ impl Hub {
                                     // reader's.
                                     started.send_replace(false);
                                     last = None;
+                                    added = 0;
                                     resumed = false;
                                     continue;
                                 }
@@ -359,10 +381,11 @@ impl Hub {
         }
     }
 
-    /// Whether the reader cannot go on exactly from `from`: entries after
-    /// it may have been trimmed away, or the stream no longer has it (a
-    /// failover lost it). events.lua's rule for 410 `events_expired`.
-    async fn lost_after(&self, show: &ShowId, from: EventId) -> Result<bool, Error> {
+    /// `None` when the reader cannot go on exactly from `from`: entries
+    /// after it may have been trimmed away, or the stream no longer has it
+    /// (a failover lost it, or the stream was deleted). events.lua's rule
+    /// for 410 `events_expired`. Otherwise the stream's entries-added.
+    async fn lost_after(&self, show: &ShowId, from: EventId) -> Result<Option<u64>, Error> {
         let deadline = self.cluster.deadline();
         match super::read(
             &self.cluster,
@@ -375,8 +398,8 @@ impl Hub {
         )
         .await
         {
-            Ok(_) => Ok(false),
-            Err(Error::EventsExpired) => Ok(true),
+            Ok(read) => Ok(Some(read.added)),
+            Err(Error::EventsExpired) => Ok(None),
             Err(err) => Err(err),
         }
     }

@@ -224,6 +224,12 @@ pub struct Read {
     pub last: Option<EventId>,
     /// The stream's newest id (0-0 when it has none).
     pub newest: EventId,
+    /// After a position (`Cursor::After`) followed by entries: the newest
+    /// entry at or before it (0-0 when none), an id a resume finds exactly.
+    pub before: Option<EventId>,
+    /// How many entries the stream was ever given (XINFO's entries-added):
+    /// it only grows, unless the stream was deleted and begun again.
+    pub added: u64,
 }
 
 /// Reads up to `limit` entries of `show`'s stream after `cursor`: 410
@@ -252,10 +258,11 @@ pub async fn read(
         .await?;
     match reply.as_slice() {
         [Value::Int(0)] => Err(Error::EventsExpired),
-        [Value::Int(1), Value::Array(entries), newest] => {
+        [Value::Int(1), Value::Array(entries), newest, before, Value::Int(added)] => {
             let newest = text(newest)
                 .and_then(|id| EventId::parse(&id))
                 .unwrap_or(EventId::ZERO);
+            let before = text(before).and_then(|id| EventId::parse(&id));
             Ok(Read {
                 events: entries
                     .iter()
@@ -264,6 +271,8 @@ pub async fn read(
                 entries: entries.len(),
                 last: entries.last().and_then(entry_id),
                 newest,
+                before,
+                added: u64::try_from(*added).unwrap_or(0),
             })
         }
         _ => Err(Error::Internal(format!(

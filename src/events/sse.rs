@@ -81,11 +81,13 @@ pub async fn subscribe(
     // breaks before any event resumes from (as `Last-Event-ID`, checked
     // exactly). A `?after=` position is no event when a client made it
     // from a time; while nothing follows it yet, the newest event (before
-    // it), or 0-0 on a stream without one, resumes the same.
+    // it), or 0-0 on a stream without one, resumes the same; when entries
+    // follow it, the newest entry at or before it does (0-0 when none).
     let announced = match cursor {
         // The last entry read when none was an event (written by hand):
         // an entry, which a resume finds exactly.
         Cursor::After(_) if first.events.is_empty() => first.last.unwrap_or(newest),
+        Cursor::After(_) => first.before.unwrap_or(EventId::ZERO),
         _ => start,
     };
     let (tx, rx) = mpsc::channel::<Bytes>(CLIENT_BUFFER);
