@@ -5,6 +5,8 @@
 -- then per pool j = 1..P: the pool's hash and its holds
 -- then per show h = 1..H: the holder's holds and bought units
 -- then per involved show i = 1..E: deadline index, event stream
+-- KEYS[#KEYS]        with events off only (E = 0): the claim of the hold's
+--                    expiry (see src/expiry.rs)
 -- ARGV[1]            hold token
 -- ARGV[2]            the hold's TTL in milliseconds
 -- ARGV[3]            E, the number of involved shows with events on (0: off)
@@ -22,10 +24,20 @@
 -- finding its record key taken, writes nothing.
 --
 -- Either way the record's key is left as the tombstone for the hold's TTL,
--- so the hold cannot come back. Returns 1 when seats were released, 0 when
--- only the tombstone was left (or already was).
+-- so the hold cannot come back. With events off, daemons count an expiry
+-- when they hear a record's key expire, and the tombstone's would be heard
+-- too: the expiry is claimed here, for longer than the tombstone and the
+-- daemons' own claim last, so that none counts it. Returns 1 when seats
+-- were released, 0 when only the tombstone was left (or already was).
 local E, P, H = tonumber(ARGV[3]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local last = #KEYS - 2 * (E + P + H)
+local function tombstone()
+  redis.call('SET', KEYS[1], 'abandoned', 'PX', ARGV[2])
+  if E == 0 then
+    redis.call('SET', KEYS[#KEYS], '1', 'PX', tonumber(ARGV[2]) + 120000)
+  end
+end
+if E == 0 then last = last - 1 end
 local pk, hk = last + 1, last + 1 + 2 * P
 local ek = hk + 2 * H
 local ia, qa = 8, 8 + E
@@ -35,7 +47,7 @@ if record == 'abandoned' then
   return 0
 end
 if not record then
-  redis.call('SET', KEYS[1], 'abandoned', 'PX', ARGV[2])
+  tombstone()
   return 0
 end
 for i = 2, last do
@@ -46,7 +58,7 @@ end
 -- The record becomes the tombstone: a resend of this hold's script that
 -- arrives late (the daemon resends a script whose connection broke) finds
 -- its record key taken and writes nothing.
-redis.call('SET', KEYS[1], 'abandoned', 'PX', ARGV[2])
+tombstone()
 local fence = string.match(record, '^(%d+) ') or '0'
 for j = 1, P do
   local q = ARGV[qa + j - 1]

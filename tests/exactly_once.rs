@@ -340,6 +340,72 @@ async fn hold_answered_503_without_key_leaves_no_seat_held() {
     );
 }
 
+/// With `--events off`, a hold answered 503 and abandoned is not counted in
+/// `seathold_hold_expiries_total` when its tombstone (the record's key,
+/// kept for the hold's TTL so that a late script writes nothing) expires:
+/// the abandon claims the expiry the tombstone's notification would
+/// otherwise count. A hold that runs out is counted as ever. Before, every
+/// hold answered 503 without an Idempotency-Key counted one expiry of a
+/// hold that was released (or never made). The daemon is a process of its
+/// own with a key prefix of its own: with events off it counts the
+/// expiries it hears, and no other test's.
+#[tokio::test]
+async fn an_abandoned_hold_is_not_counted_as_an_expiry_with_events_off() {
+    let _x = EXCLUSIVE.write().await;
+    let d = common::Daemon::start(&[
+        "--events",
+        "off",
+        "--redis-timeout-ms",
+        "500",
+        "--key-prefix",
+        "abandon-off:",
+    ])
+    .await;
+    let http = reqwest::Client::new();
+    let metric = |name: &'static str| {
+        let d = &d;
+        async move { common::series(&d.metrics().await, name) }
+    };
+    let sh = show("ab-off");
+    let hold = |seat: &'static str, ttl: u64| {
+        let (http, base, sh) = (http.clone(), d.base.clone(), sh.clone());
+        async move {
+            let resp = http
+                .post(format!("{base}/v1/shows/{sh}/seats/{seat}/hold"))
+                .json(&json!({ "ttlMs": ttl }))
+                .send()
+                .await
+                .expect("hold");
+            resp.status().as_u16()
+        }
+    };
+    let prefixed = KeySpace::new("abandon-off:");
+    let master = cluster()
+        .master_port_for_slot(prefixed.show_slot(&sh))
+        .await
+        .expect("master of the show's slot");
+    // Connections in place; and the control, a hold that runs out.
+    assert_eq!(hold("C1", 2_500).await, 201);
+    let (expiries, orphans) = (
+        metric("seathold_hold_expiries_total").await,
+        metric("seathold_orphan_releases_total").await,
+    );
+    pause_writes(master, 1_500).await;
+    assert_eq!(hold("A1", 2_000).await, 503, "a hold during the pause");
+    common::eventually(Duration::from_secs(5), "the hold abandoned", || async {
+        metric("seathold_orphan_releases_total").await > orphans
+    })
+    .await;
+    // The control has run out (2.5 s), and the tombstone (2 s from the
+    // abandon, at the pause's end) too, with a margin for notifications.
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    assert_eq!(
+        metric("seathold_hold_expiries_total").await,
+        expiries + 1.0,
+        "the control's expiry alone"
+    );
+}
+
 /// With an Idempotency-Key nothing is abandoned, and the retry with the
 /// same key answers the hold Redis has. Under `CLIENT PAUSE` Redis drops
 /// the paused script of a connection that closes, and the daemon closes the
@@ -833,7 +899,12 @@ async fn pool_hold_resent_answers_as_its_first_run() {
 /// Runs abandon.lua for a one-seat hold.
 async fn run_abandon_script(show: &str, seat: &str, token: &str, ttl_ms: u64) -> i64 {
     let ks = keys();
-    let script_keys = vec![ks.hold_record(show, token), ks.seat(show, seat)];
+    // Events off: the claim of the hold's expiry comes last.
+    let script_keys = vec![
+        ks.hold_record(show, token),
+        ks.seat(show, seat),
+        ks.expiry_claim(show, token),
+    ];
     let mut conn = common::redis().await;
     Scripts::embedded()
         .abandon

@@ -374,6 +374,11 @@ impl Drop for InFlight<'_> {
         keys.push(s.keys.hold_record(self.home, self.token));
         keys.extend(self.seat_keys.iter().cloned());
         keys.extend(tail.keys.iter().cloned());
+        if s.limits.events_max_len.is_none() {
+            // With events off: the claim of the expiry its tombstone would
+            // otherwise count (abandon.lua).
+            keys.push(s.keys.expiry_claim(self.home, self.token));
+        }
         s.abandon_later(self.token.clone(), keys, self.ttl_ms, tail);
     }
 }
