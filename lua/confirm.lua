@@ -27,7 +27,8 @@
 -- {2, fence} when this token's sale already happened (it then writes the
 -- sale record again, so that a WAIT after it has a write to count);
 -- {0} when there is nothing to confirm (also when a pool entry of the hold
--- is gone: its units were given back); {-7} when the record's fence is
+-- is gone: its units were given back); {-3} when the idempotency record to
+-- write exists already (recorded since the daemon looked); {-7} when the record's fence is
 -- another (a PATCH changed the hold since it was read: the keys above may
 -- miss its seats and units; the daemon reads it again). Nothing changes
 -- unless every seat still carries the token. A confirm is idempotent by itself, so an
@@ -43,6 +44,11 @@ local pk, hk = last + 1, last + 1 + 2 * P
 local ek = hk + 2 * H
 local ia, qa = 9, 9 + E
 local ua = qa + P
+
+-- The daemon looked the key up before, but another request under the same
+-- key may have recorded since: it reads the key again and decides (a
+-- replay, or 422), with nothing changed here.
+if idem and redis.call('EXISTS', idem) == 1 then return {-3} end
 
 local record = redis.call('GET', KEYS[1])
 local fence = string.match(record or '', '^(%d+) ')

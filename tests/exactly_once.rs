@@ -1033,6 +1033,44 @@ async fn writes(port: u16, slot: u16) -> Writes {
     }
 }
 
+/// Two confirms of different holds sent at the same moment under one
+/// Idempotency-Key: one sells its hold (200), the other is 422
+/// `idempotency_key_reused` and sells nothing. Both may find no record when
+/// they look it up before their scripts run; confirm.lua checks the key
+/// again in the step that sells. Before, both answered 200 and both holds
+/// were sold (the second overwrote the first's record).
+#[tokio::test]
+async fn concurrent_confirms_under_one_key_sell_once() {
+    let _x = EXCLUSIVE.read().await;
+    let s = server_with(options()).await;
+    let sh = show("confirm-race");
+    for round in 0..20 {
+        let a = token_of(&s.hold(&sh, &[&format!("A{round}")]).await);
+        let b = token_of(&s.hold(&sh, &[&format!("B{round}")]).await);
+        let key = idem_key(&format!("confirm-race-{round}"));
+        let confirm = |token: &str| {
+            let path = format!("/v1/shows/{sh}/holds/{token}/confirm");
+            let (s, key) = (&s, key.clone());
+            async move { send(s, "POST", &path, None, Some(&key)).await }
+        };
+        let (ra, rb) = tokio::join!(confirm(&a), confirm(&b));
+        let mut statuses = [ra.status, rb.status];
+        statuses.sort_unstable();
+        assert_eq!(statuses, [200, 422], "round {round}: {ra:?} {rb:?}");
+        let (loser, seat) = if ra.status == 422 {
+            (&ra, format!("A{round}"))
+        } else {
+            (&rb, format!("B{round}"))
+        };
+        assert_eq!(loser.body["error"], "idempotency_key_reused", "{loser:?}");
+        assert_eq!(
+            seat_state(&s, &sh, &seat).await["state"],
+            "held",
+            "round {round}: the refused confirm sold nothing"
+        );
+    }
+}
+
 /// The same key with the same request answers the same hold again, marked,
 /// and writes nothing: no write command on the master, no key added, the
 /// seat's TTL not reset. Each replay is counted once.

@@ -299,7 +299,7 @@ impl Service {
                     c.arg(rec.fence);
                 },
                 // Nothing was sold when the hold is gone or changed: no WAIT.
-                |reply: &Vec<i64>| (!matches!(reply.first(), Some(0 | -7))).then_some(wait),
+                |reply: &Vec<i64>| (!matches!(reply.first(), Some(0 | -3 | -7))).then_some(wait),
             )
             .await;
         // A failure is not recorded (API 1.1): the script may have recorded
@@ -316,7 +316,10 @@ impl Service {
         };
         let (first, fence) = match reply.as_slice() {
             [0] => return Err(Error::HoldNotFound),
-            [-7] => return Ok(None),
+            // Changed since it was read, or its key recorded since it was
+            // looked up (a concurrent request under the same key): read
+            // both again.
+            [-7 | -3] => return Ok(None),
             [state @ (1 | 2), fence] => (*state == 1, *fence),
             other => {
                 return Err(Error::Internal(format!(
