@@ -394,6 +394,17 @@ async fn validation_errors_never_reach_redis() {
         .call("POST", "/v1/shows/42/holds/not-a-token/confirm", None)
         .await;
     common::assert_error(status, &body, 404, "hold_not_found");
+    // A PATCH naming a seat twice, to add or to remove: before, a seat
+    // removed twice (or 10,000 times) went to Redis, and the hold was
+    // changed as if named once.
+    let patch = format!("/v1/shows/{sh}/holds/3f2b8c1e-9a4d-4e6f-8b7a-1c2d3e4f5a6b");
+    for change in [
+        json!({"remove": ["E7", "E7"]}),
+        json!({"add": ["E9", "E9"]}),
+    ] {
+        let (status, body) = s.call("PATCH", &patch, Some(change.clone())).await;
+        common::assert_error(status, &body, 400, "duplicate_seat");
+    }
 
     untouched.check("a request refused up front").await;
 }

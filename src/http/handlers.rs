@@ -129,6 +129,16 @@ fn seat_ids(raw: &[String]) -> Result<Vec<SeatId>, Error> {
     raw.iter().map(|s| SeatId::parse(s)).collect()
 }
 
+/// [`seat_ids`], each named once (400 `duplicate_seat` otherwise).
+fn distinct_seat_ids(raw: &[String]) -> Result<Vec<SeatId>, Error> {
+    let seats = seat_ids(raw)?;
+    let mut seen = std::collections::HashSet::with_capacity(seats.len());
+    match seats.iter().find(|s| !seen.insert(*s)) {
+        Some(dup) => Err(Error::DuplicateSeat(dup.to_string())),
+        None => Ok(seats),
+    }
+}
+
 /// Parses `{"floor":2}` pool units of `show`.
 fn pool_units(
     show: &ShowId,
@@ -429,8 +439,8 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
 async fn modify(req: &Req<'_>, show: ShowId, token: &str) -> Result<Resp, Error> {
     let body: ChangeBody = req.json(true)?;
     let change = crate::hold::Change {
-        add: seat_ids(&body.add)?,
-        remove: seat_ids(&body.remove)?,
+        add: distinct_seat_ids(&body.add)?,
+        remove: distinct_seat_ids(&body.remove)?,
         pools: pool_units(&show, &body.pools, 0)?
             .into_iter()
             .map(|p| (p.pool, p.quantity))
