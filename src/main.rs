@@ -55,7 +55,7 @@ async fn serve(mut opts: Options) -> Result<(), StartError> {
     opts.settle();
     server::check(&opts)?;
     let listener = server::bind(&opts).await?;
-    server::run(opts, listener, server::shutdown_signal()).await
+    server::run(opts, listener, server::shutdown_signal_then_force()).await
 }
 
 async fn dev_command(dev: seathold::config::DevOptions) -> Result<(), StartError> {

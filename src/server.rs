@@ -555,6 +555,22 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// Completes on the first SIGINT or SIGTERM, as [`shutdown_signal`]; a
+/// second one stops the process at once (exit code 130), without the rest
+/// of the drain: for an operator at a terminal who will not wait it out.
+/// (`seathold dev` keeps to one signal: it has nodes to stop after the
+/// daemon, and no drain.)
+pub async fn shutdown_signal_then_force() {
+    shutdown_signal().await;
+    tokio::spawn(async {
+        shutdown_signal().await;
+        tracing::warn!(
+            "a second signal: stopping now, without the rest of the drain; requests in flight get no answer, and holds answered 503 that were not released yet expire by themselves"
+        );
+        std::process::exit(130);
+    });
+}
+
 /// Prints a line of `seathold dev`'s banner. Unlike `println!` it does not
 /// panic when stdout is closed (`seathold dev | head`): the banner is a
 /// courtesy, not worth dying for.

@@ -1041,6 +1041,27 @@ async fn a_probe_waiting_on_redis_does_not_delay_the_exit() {
     keep.abort();
 }
 
+/// A second SIGTERM (or Ctrl-C) during the drain stops the daemon at once,
+/// with exit code 130: an operator at a terminal need not wait out a long
+/// drain or reach for SIGKILL. Before, further signals were ignored and
+/// the process took the whole drain (10 s here).
+#[tokio::test]
+async fn a_second_signal_stops_at_once() {
+    let _shared = LOCK.read().await;
+    let mut d = Daemon::start(&["--shutdown-drain-ms", "10000"]).await;
+    let http = reqwest::Client::new();
+    d.signal("TERM");
+    common::wait_readyz(&http, &d.base, 503, Duration::from_millis(2000)).await;
+    let again = Instant::now();
+    d.signal("TERM");
+    assert_eq!(d.wait_exit(Duration::from_secs(5)).await, Some(130));
+    assert!(
+        again.elapsed() < Duration::from_secs(2),
+        "stopped {:?} after the second signal",
+        again.elapsed()
+    );
+}
+
 /// A master out of memory (`maxmemory` reached, `noeviction`) refuses a
 /// script's first write that needs memory with `OOM` (the error names the
 /// script): holds and a confirm are 503 `redis_unavailable` (try again:
