@@ -974,3 +974,83 @@ async fn a_daemon_that_stalled_does_not_answer_from_a_stale_view() {
         );
     }
 }
+
+/// A view whose reader lost its connection (as in a failover) forgets what
+/// it learned from Redis's answers: the new master may lack a sale the old
+/// one had (a confirm not yet replicated when it died), and no event will
+/// ever say so. Here a sale Redis answered (a 409 "sold" the view learned)
+/// is then deleted by hand, and the reader's connection killed: the seat
+/// is granted once the reader is back. Before, the view went on refusing it
+/// as sold for as long as it was asked for, since the reader's position was
+/// still in the stream and nothing looked lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_reconnected_forgets_what_it_learned() {
+    let _lock = exclusive().await;
+    let a = server_with(with_view()).await;
+    let sh = show("relearn");
+    let (_, master) = slot_and_master(&sh).await;
+    start_view(&a, &sh).await;
+    let key = format!("seat-hold:{{show:{sh}}}:E7");
+    let mut r = redis().await;
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg("sold:3b0c8a2e-5f14-4c1d-8e7a-2b9d6c4f1a08")
+        .query_async(&mut r)
+        .await
+        .expect("a sale, by hand");
+    // Redis refuses it as sold; the view learns that and answers next.
+    eventually(
+        Duration::from_secs(5),
+        "the view to refuse E7 as sold",
+        || async {
+            let c0 = answers(&a, "conflict").await;
+            let (status, body) = hold_one(&a, &sh, "E7", None).await;
+            assert_eq!(status, 409, "{body}");
+            assert_eq!(body["taken"][0]["state"], "sold", "{body}");
+            answers(&a, "conflict").await > c0
+        },
+    )
+    .await;
+    // The sale is lost, as in a failover, and the reader's connection
+    // breaks, as in one.
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut r)
+        .await
+        .expect("DEL");
+    let mut m = common::node(master).await;
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut m)
+        .await
+        .expect("CLIENT LIST");
+    let readers: Vec<&str> = clients
+        .lines()
+        .filter(|l| l.contains("cmd=xread"))
+        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .collect();
+    assert!(!readers.is_empty(), "no reader on the master: {clients}");
+    for id in readers {
+        let _: redis::Value = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(id)
+            .query_async(&mut m)
+            .await
+            .expect("CLIENT KILL");
+    }
+    let killed = Instant::now();
+    loop {
+        let (status, body) = hold_one(&a, &sh, "E7", None).await;
+        if status == 201 {
+            break;
+        }
+        assert_eq!(status, 409, "{body}");
+        assert!(
+            killed.elapsed() < Duration::from_secs(3),
+            "E7 still refused {:?} after the reader reconnected: {body}",
+            killed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -314,6 +314,18 @@ impl Hub {
                             lost
                         });
                         match checked {
+                            // Back after a failed read (a failover breaks
+                            // the reader's connection): what the view
+                            // learned from Redis's answers, and from the
+                            // deadline index, may be gone from a new master
+                            // that never had it (a sale not replicated yet),
+                            // and no event will say so. Its events since
+                            // are all there: it starts over from them.
+                            Ok(false) if resumed => {
+                                if let Some(view) = feed.current_view() {
+                                    view.forget();
+                                }
+                            }
                             Ok(false) => {}
                             Ok(true) => {
                                 lost_events(&show, &feed);
