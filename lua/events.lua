@@ -9,12 +9,13 @@
 --          (Last-Event-ID, a show reader's own position), "0" when it is a
 --          position (?after=, possibly made from a time)
 -- ARGV[4]  the streams' length cap (--events-max-len)
+-- ARGV[5]  "1" to answer also the entry before a position (see below)
 --
 -- Returns {1, entries, newest, before, added} with up to ARGV[2] entries
 -- after the cursor, as XRANGE answers them; the id of the newest entry kept
--- ("0-0" when none); after a position (ARGV[3] = "0", not "0-0") followed
--- by entries, the newest entry at or before it ("0-0" when none; "" in
--- other cases); and XINFO's entries-added, which only grows in one stream
+-- ("0-0" when none); when ARGV[5] is "1", after a position (ARGV[3] =
+-- "0", not "0-0") followed by entries, the newest entry at or before it
+-- ("0-0" when none; "" in other cases); and XINFO's entries-added, which only grows in one stream
 -- (a stream deleted and begun again starts over from 0); {0} when the cursor cannot be resumed from exactly (the reader
 -- must reload seat states and start over from the newest id):
 --
@@ -75,7 +76,7 @@ if cursor ~= '0-0' then
   end
 end
 local entries = redis.call('XRANGE', KEYS[1], '(' .. cursor, '+', 'COUNT', ARGV[2])
-if exact or cursor == '0-0' or #entries == 0 then
+if ARGV[5] ~= '1' or exact or cursor == '0-0' or #entries == 0 then
   return {1, entries, newest, '', added}
 end
 -- A position followed by entries: also the newest entry at or before it

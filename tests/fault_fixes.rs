@@ -41,7 +41,8 @@ impl Drop for Daemon {
 }
 
 impl Daemon {
-    async fn start(extra: &[&str]) -> Self {
+    /// `seathold serve` on a free port against `seeds`, not waited for.
+    fn spawn(seeds: &str, extra: &[&str]) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
@@ -49,16 +50,22 @@ impl Daemon {
         let child = Command::new(env!("CARGO_BIN_EXE_seathold"))
             .arg("serve")
             .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--redis-nodes", &cluster().seed_urls().join(",")])
+            .args(["--redis-nodes", seeds])
             .args(extra)
             .env("SEATHOLD_LOG", "warn")
             .stdin(Stdio::null())
             .spawn()
             .expect("spawn seathold");
-        let daemon = Self {
+        Self {
             child,
             base: format!("http://127.0.0.1:{port}"),
-        };
+        }
+    }
+
+    /// `seathold serve` against the test cluster, once `/readyz` answers
+    /// 200.
+    async fn start(extra: &[&str]) -> Self {
+        let daemon = Self::spawn(&cluster().seed_urls().join(","), extra);
         common::wait_readyz(
             &reqwest::Client::new(),
             &daemon.base,
@@ -984,23 +991,10 @@ async fn a_probe_waiting_on_redis_does_not_delay_the_exit() {
             held.push(c);
         }
     });
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port");
-    let child = Command::new(env!("CARGO_BIN_EXE_seathold"))
-        .arg("serve")
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--redis-nodes", &format!("redis://{seed}")])
-        .args(["--redis-timeout-ms", "4000", "--shutdown-drain-ms", "0"])
-        .env("SEATHOLD_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn seathold");
-    let mut d = Daemon {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-    };
+    let mut d = Daemon::spawn(
+        &format!("redis://{seed}"),
+        &["--redis-timeout-ms", "4000", "--shutdown-drain-ms", "0"],
+    );
     let http = reqwest::Client::new();
     let up = Instant::now();
     loop {

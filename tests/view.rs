@@ -872,6 +872,17 @@ async fn views_leave_event_streams_half_the_readers() {
     wait_view(&a, &streams[0], "A1").await;
 }
 
+/// `GET url`'s JSON.
+async fn get_json(http: &reqwest::Client, url: &str) -> Value {
+    http.get(url)
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("JSON")
+}
+
 /// A daemon that stalled (a paused VM or container, CPU throttling,
 /// swapping) answers nothing from a view that missed events meanwhile.
 /// Here the daemon A (its own process, with a view) is stopped with
@@ -907,14 +918,7 @@ async fn a_daemon_that_stalled_does_not_answer_from_a_stale_view() {
             "A's view to answer a read",
             || async {
                 let before = a_reads().await;
-                let read: Value = http
-                    .get(&url)
-                    .send()
-                    .await
-                    .expect("read")
-                    .json()
-                    .await
-                    .expect("JSON");
+                let read = get_json(&http, &url).await;
                 assert_eq!(read["state"], "held", "{read}");
                 a_reads().await > before
             },
@@ -932,17 +936,7 @@ async fn a_daemon_that_stalled_does_not_answer_from_a_stale_view() {
         let reads: Vec<_> = (0..10)
             .map(|_| {
                 let (http, url) = (http.clone(), url.clone());
-                tokio::spawn(async move {
-                    let read: Value = http
-                        .get(&url)
-                        .send()
-                        .await
-                        .expect("read")
-                        .json()
-                        .await
-                        .expect("JSON");
-                    read
-                })
+                tokio::spawn(async move { get_json(&http, &url).await })
             })
             .collect();
         let hold = {

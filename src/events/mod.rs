@@ -224,8 +224,9 @@ pub struct Read {
     pub last: Option<EventId>,
     /// The stream's newest id (0-0 when it has none).
     pub newest: EventId,
-    /// After a position (`Cursor::After`) followed by entries: the newest
-    /// entry at or before it (0-0 when none), an id a resume finds exactly.
+    /// After a position (`Cursor::After`) followed by entries, when asked
+    /// for ([`read_opening`]): the newest entry at or before it (0-0 when
+    /// none), an id a resume finds exactly.
     pub before: Option<EventId>,
     /// How many entries the stream was ever given (XINFO's entries-added):
     /// it only grows, unless the stream was deleted and begun again.
@@ -245,6 +246,34 @@ pub async fn read(
     limit: usize,
     max_len: u64,
 ) -> Result<Read, Error> {
+    read_with(cluster, keys, deadline, show, cursor, limit, max_len, false).await
+}
+
+/// [`read`], and after a position (`Cursor::After`) followed by entries
+/// also [`Read::before`]: for an SSE stream's opening frame.
+pub async fn read_opening(
+    cluster: &Cluster,
+    keys: &KeySpace,
+    deadline: &Deadline,
+    show: &ShowId,
+    cursor: Cursor,
+    limit: usize,
+    max_len: u64,
+) -> Result<Read, Error> {
+    read_with(cluster, keys, deadline, show, cursor, limit, max_len, true).await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn read_with(
+    cluster: &Cluster,
+    keys: &KeySpace,
+    deadline: &Deadline,
+    show: &ShowId,
+    cursor: Cursor,
+    limit: usize,
+    max_len: u64,
+    before: bool,
+) -> Result<Read, Error> {
     let stream = [keys.events(show)];
     let (from, exact) = match cursor {
         Cursor::After(id) => (id.to_string(), "0"),
@@ -253,7 +282,11 @@ pub async fn read(
     };
     let reply: Vec<Value> = cluster
         .eval(deadline, &cluster.scripts().events, &stream, |c| {
-            c.arg(&from).arg(limit).arg(exact).arg(max_len);
+            c.arg(&from)
+                .arg(limit)
+                .arg(exact)
+                .arg(max_len)
+                .arg(if before { "1" } else { "0" });
         })
         .await?;
     match reply.as_slice() {

@@ -21,7 +21,7 @@ use hyper::body::Frame;
 use tokio::sync::{broadcast, mpsc, watch};
 
 use super::hub::{Feed, Live};
-use super::{read, Cursor, Event, EventId, Events};
+use super::{read, read_opening, Cursor, Event, EventId, Events};
 use crate::cluster::{Cluster, Deadline};
 use crate::error::Error;
 use crate::ids::ShowId;
@@ -62,7 +62,7 @@ pub async fn subscribe(
 ) -> Result<Body, Error> {
     let (live, feed) = events.hub.subscribe(&sub.show).ok_or(Error::Overloaded)?;
     wait_started(deadline, feed).await?;
-    let first = read(
+    let first = read_opening(
         &sub.cluster,
         &sub.keys,
         deadline,
