@@ -1012,18 +1012,14 @@ async fn a_reader_that_reconnected_forgets_what_it_learned() {
         .query_async(&mut r)
         .await
         .expect("DEL");
-    let mut m = common::node(master).await;
-    let clients: String = redis::cmd("CLIENT")
-        .arg("LIST")
-        .query_async(&mut m)
-        .await
-        .expect("CLIENT LIST");
-    let readers: Vec<&str> = clients
-        .lines()
-        .filter(|l| l.contains("cmd=xread"))
-        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+    let clients = common::client_list(master).await;
+    let readers: Vec<&String> = clients
+        .iter()
+        .filter(|c| c.get("cmd").is_some_and(|cmd| cmd == "xread"))
+        .filter_map(|c| c.get("id"))
         .collect();
-    assert!(!readers.is_empty(), "no reader on the master: {clients}");
+    assert!(!readers.is_empty(), "no reader on the master: {clients:?}");
+    let mut m = common::node(master).await;
     for id in readers {
         let _: redis::Value = redis::cmd("CLIENT")
             .arg("KILL")

@@ -45,10 +45,6 @@ pub struct Hub {
     shows: Mutex<HashMap<ShowId, Feed>>,
     /// How long one XREAD blocks.
     block: Duration,
-    /// Entries in one XREAD reply from which a trim after the reader's
-    /// position is possible: `XADD MAXLEN ~` keeps at least the cap, so a
-    /// read after a trimmed position answers at least this many.
-    gap_possible_at: usize,
     /// The streams' length cap (`--events-max-len`).
     max_len: u64,
     /// Turns true at shutdown: every reader stops, views in use or not.
@@ -103,10 +99,18 @@ impl Hub {
             keys,
             shows: Mutex::new(HashMap::new()),
             block,
-            gap_possible_at: usize::try_from(max_len).unwrap_or(usize::MAX).min(BUFFER),
             max_len,
             closed: watch::Sender::new(false),
         })
+    }
+
+    /// Entries in one reply from which a gap after the reader's position
+    /// is possible: `XADD MAXLEN ~` keeps at least the cap, so a read
+    /// after a trimmed position answers at least this many.
+    fn gap_possible_at(&self) -> usize {
+        usize::try_from(self.max_len)
+            .unwrap_or(usize::MAX)
+            .min(BUFFER)
     }
 
     /// The streams' length cap (`--events-max-len`), which reads of them
@@ -306,7 +310,7 @@ impl Hub {
                     // has moved into it, was given fewer entries than the
                     // old one (entries-added only grows in one stream).
                     let due = mono_ms().saturating_sub(checked_at) >= CHECK_POSITION_MS;
-                    if resumed || due || count >= self.gap_possible_at {
+                    if resumed || due || count >= self.gap_possible_at() {
                         checked_at = mono_ms();
                         let checked = self.lost_after(&show, from).await.map(|kept| {
                             let lost = kept.is_none_or(|now| now < added);
@@ -405,8 +409,7 @@ impl Hub {
             &deadline,
             show,
             Cursor::Resume(from),
-            1,
-            self.max_len,
+            super::Span::new(1, self.max_len),
         )
         .await
         {

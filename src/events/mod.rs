@@ -225,7 +225,7 @@ pub struct Read {
     /// The stream's newest id (0-0 when it has none).
     pub newest: EventId,
     /// After a position (`Cursor::After`) followed by entries, when asked
-    /// for ([`read_opening`]): the newest entry at or before it (0-0 when
+    /// for ([`Span::before`]): the newest entry at or before it (0-0 when
     /// none), an id a resume finds exactly.
     pub before: Option<EventId>,
     /// How many entries the stream was ever given (XINFO's entries-added):
@@ -233,9 +233,32 @@ pub struct Read {
     pub added: u64,
 }
 
-/// Reads up to `limit` entries of `show`'s stream after `cursor`: 410
-/// `events_expired` when some after the cursor were trimmed away (streams
-/// are capped at about `max_len` entries), or
+/// How much of a stream [`read`] reads, and what else it answers.
+#[derive(Debug, Clone, Copy)]
+pub struct Span {
+    /// Most entries to answer.
+    pub limit: usize,
+    /// The streams' length cap (`--events-max-len`): a stream shorter than
+    /// it was never trimmed.
+    pub max_len: u64,
+    /// After a position (`Cursor::After`) followed by entries, also
+    /// [`Read::before`]: for an SSE stream's opening frame.
+    pub before: bool,
+}
+
+impl Span {
+    /// Up to `limit` entries of streams capped at about `max_len`.
+    pub fn new(limit: usize, max_len: u64) -> Self {
+        Self {
+            limit,
+            max_len,
+            before: false,
+        }
+    }
+}
+
+/// Reads up to `span.limit` entries of `show`'s stream after `cursor`: 410
+/// `events_expired` when some after the cursor were trimmed away, or
 /// (`Cursor::Resume`) the stream no longer has the cursor's event.
 pub async fn read(
     cluster: &Cluster,
@@ -243,36 +266,7 @@ pub async fn read(
     deadline: &Deadline,
     show: &ShowId,
     cursor: Cursor,
-    limit: usize,
-    max_len: u64,
-) -> Result<Read, Error> {
-    read_with(cluster, keys, deadline, show, cursor, limit, max_len, false).await
-}
-
-/// [`read`], and after a position (`Cursor::After`) followed by entries
-/// also [`Read::before`]: for an SSE stream's opening frame.
-pub async fn read_opening(
-    cluster: &Cluster,
-    keys: &KeySpace,
-    deadline: &Deadline,
-    show: &ShowId,
-    cursor: Cursor,
-    limit: usize,
-    max_len: u64,
-) -> Result<Read, Error> {
-    read_with(cluster, keys, deadline, show, cursor, limit, max_len, true).await
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn read_with(
-    cluster: &Cluster,
-    keys: &KeySpace,
-    deadline: &Deadline,
-    show: &ShowId,
-    cursor: Cursor,
-    limit: usize,
-    max_len: u64,
-    before: bool,
+    span: Span,
 ) -> Result<Read, Error> {
     let stream = [keys.events(show)];
     let (from, exact) = match cursor {
@@ -283,10 +277,10 @@ async fn read_with(
     let reply: Vec<Value> = cluster
         .eval(deadline, &cluster.scripts().events, &stream, |c| {
             c.arg(&from)
-                .arg(limit)
+                .arg(span.limit)
                 .arg(exact)
-                .arg(max_len)
-                .arg(if before { "1" } else { "0" });
+                .arg(span.max_len)
+                .arg(if span.before { "1" } else { "0" });
         })
         .await?;
     match reply.as_slice() {

@@ -21,7 +21,7 @@ use hyper::body::Frame;
 use tokio::sync::{broadcast, mpsc, watch};
 
 use super::hub::{Feed, Live};
-use super::{read, read_opening, Cursor, Event, EventId, Events};
+use super::{read, Cursor, Event, EventId, Events, Span};
 use crate::cluster::{Cluster, Deadline};
 use crate::error::Error;
 use crate::ids::ShowId;
@@ -62,14 +62,17 @@ pub async fn subscribe(
 ) -> Result<Body, Error> {
     let (live, feed) = events.hub.subscribe(&sub.show).ok_or(Error::Overloaded)?;
     wait_started(deadline, feed).await?;
-    let first = read_opening(
+    let opening = Span {
+        before: true,
+        ..Span::new(PAGE, sub.max_len)
+    };
+    let first = read(
         &sub.cluster,
         &sub.keys,
         deadline,
         &sub.show,
         cursor,
-        PAGE,
-        sub.max_len,
+        opening,
     )
     .await?;
     let newest = first.newest;
@@ -189,8 +192,7 @@ async fn feed_client(
                 &deadline,
                 &sub.show,
                 Cursor::After(cursor),
-                PAGE,
-                sub.max_len,
+                Span::new(PAGE, sub.max_len),
             )
             .await
             {

@@ -410,17 +410,8 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
         return Ok(resp);
     }
     let cursor = cursor.unwrap_or(Cursor::After(EventId::ZERO));
-    let max_len = events.hub.max_len();
-    let read = read(
-        cluster,
-        keys,
-        &req.deadline(),
-        &show,
-        cursor,
-        limit,
-        max_len,
-    )
-    .await?;
+    let span = crate::events::Span::new(limit, events.hub.max_len());
+    let read = read(cluster, keys, &req.deadline(), &show, cursor, span).await?;
     // Past the last entry read, an event or not: a page of entries that
     // are not events (written by hand) must not answer its own cursor.
     let next = match (read.last, after) {
