@@ -69,7 +69,7 @@ pub enum Error {
     Internal(String),
     #[error("Redis refused the operation; this is a bug or foreign data in a seathold key")]
     RedisRefused(RedisFault, String),
-    #[error("Idempotency-Key must be 1-255 characters from [A-Za-z0-9_.:-]")]
+    #[error("Idempotency-Key must be one header of 1-255 characters from [A-Za-z0-9_.:-]")]
     InvalidIdempotencyKey,
     #[error("this Idempotency-Key was used for a different request")]
     IdempotencyKeyReused,

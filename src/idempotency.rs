@@ -54,12 +54,10 @@ pub struct Idem {
 
 impl Idem {
     /// `key` for the request `method path` with `body`. JSON bodies are
-    /// fingerprinted in a canonical form (keys sorted, no white space), so a
-    /// client that re-serialises the same request is not refused.
+    /// fingerprinted in a canonical form (see [`canonical`]), so a client
+    /// that re-serialises the same request is not refused.
     pub fn new(key: IdemKey, method: &str, path: &str, body: &[u8]) -> Self {
-        let canonical = serde_json::from_slice::<serde_json::Value>(body)
-            .ok()
-            .and_then(|v| serde_json::to_vec(&v).ok());
+        let canonical = canonical(body);
         let mut hash = Sha256::new();
         hash.update(method.as_bytes());
         hash.update(b" ");
@@ -78,6 +76,50 @@ impl Idem {
             fingerprint: "daemon".into(),
         }
     }
+}
+
+/// `body` as the handlers read it, written one way: object members sorted
+/// and without white space, a member that is null left out (the handlers
+/// read it as absent), a number with no fraction written as an integer
+/// (`6e4` and `60000.0` are the `60000` the handlers read), and an empty
+/// object as no body at all (the routes whose body is optional read both
+/// alike). `None` for a body that is not JSON (fingerprinted as sent; the
+/// handlers refuse it anyway). No body, and JSON with no null member, no
+/// integral fraction and not `{}`, keep the fingerprint older daemons gave
+/// them, so their records still replay across an upgrade.
+fn canonical(body: &[u8]) -> Option<Vec<u8>> {
+    use serde_json::Value;
+    fn tidy(v: Value) -> Value {
+        match v {
+            Value::Object(members) => Value::Object(
+                members
+                    .into_iter()
+                    .filter(|(_, v)| !v.is_null())
+                    .map(|(k, v)| (k, tidy(v)))
+                    .collect(),
+            ),
+            Value::Array(items) => Value::Array(items.into_iter().map(tidy).collect()),
+            Value::Number(n) if n.is_f64() => {
+                // Integral values within i64 become integers; i64's range
+                // as f64 is [-2^63, 2^63).
+                match n.as_f64() {
+                    Some(f) if f.fract() == 0.0 && f >= -(2f64.powi(63)) && f < 2f64.powi(63) => {
+                        Value::from(f as i64)
+                    }
+                    _ => Value::Number(n),
+                }
+            }
+            other => other,
+        }
+    }
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Some(Vec::new());
+    }
+    let value = tidy(serde_json::from_slice::<Value>(body).ok()?);
+    if value.as_object().is_some_and(serde_json::Map::is_empty) {
+        return Some(Vec::new());
+    }
+    serde_json::to_vec(&value).ok()
 }
 
 /// An outcome recorded under an idempotency key.
@@ -166,5 +208,42 @@ mod tests {
             Recorded::parse(&rec, &c),
             Err(Error::IdempotencyKeyReused)
         ));
+    }
+
+    #[test]
+    fn canonical_forms() {
+        let form =
+            |body: &str| canonical(body.as_bytes()).map(|v| String::from_utf8(v).expect("utf-8"));
+        let same = [
+            (
+                r#"{"ttlMs":60000,"seats":["A1"]}"#,
+                r#"{"seats":["A1"],"ttlMs":60000}"#,
+            ),
+            (
+                r#"{ "seats" : [ "A1" ], "ttlMs" : 6e4 }"#,
+                r#"{"seats":["A1"],"ttlMs":60000}"#,
+            ),
+            (
+                r#"{"seats":["A1"],"ttlMs":60000.0,"holder":null}"#,
+                r#"{"seats":["A1"],"ttlMs":60000}"#,
+            ),
+            (r#"{"a":{"b":null,"c":-2.0}}"#, r#"{"a":{"c":-2}}"#),
+            (r#"{"a":[null,1.0]}"#, r#"{"a":[null,1]}"#),
+            ("{}", ""),
+            (r#"{"ttlMs":null}"#, ""),
+            ("  \n", ""),
+            ("", ""),
+        ];
+        for (body, want) in same {
+            assert_eq!(form(body).as_deref(), Some(want), "{body}");
+        }
+        for (body, want) in [
+            (r#"{"ttlMs":60000.5}"#, r#"{"ttlMs":60000.5}"#),
+            (r#"{"n":1e300}"#, r#"{"n":1e+300}"#),
+            ("[]", "[]"),
+        ] {
+            assert_eq!(form(body).as_deref(), Some(want), "{body}");
+        }
+        assert_eq!(form("{nope"), None);
     }
 }

@@ -754,6 +754,15 @@ async fn batch_seat_states() {
     let (status, body) = s.get(&format!("/v1/shows/{sh}/seats?ids=H1%2CF1")).await;
     assert_eq!(status, 200, "an encoded comma works too: {body}");
     assert_eq!(body["seats"].as_object().map(|m| m.len()), Some(2));
+    // So does `ids` given more than once, as HTML forms and many clients
+    // write lists.
+    let (status, body) = s
+        .get(&format!("/v1/shows/{sh}/seats?ids=H1&ids=S1,F1"))
+        .await;
+    assert_eq!(status, 200, "ids given twice: {body}");
+    assert_eq!(body["seats"]["H1"]["state"], "held", "{body}");
+    assert_eq!(body["seats"]["S1"]["state"], "sold", "{body}");
+    assert_eq!(body["seats"]["F1"]["state"], "free", "{body}");
 
     let many: Vec<String> = (0..21).map(|i| format!("Q{i}")).collect();
     let cases = [
@@ -764,6 +773,14 @@ async fn batch_seat_states() {
         (format!("/v1/shows/{sh}/seats?ids=A1,B%7B"), "invalid_seat"),
         (format!("/v1/shows/{sh}/seats?ids=A1,,B1"), "invalid_seat"),
         (format!("/v1/shows/{sh}/seats?ids=A1,A1"), "duplicate_seat"),
+        (
+            format!("/v1/shows/{sh}/seats?ids=A1&ids=B1,A1"),
+            "duplicate_seat",
+        ),
+        (
+            format!("/v1/shows/{sh}/seats?ids={}&ids=Q99", many[..20].join(",")),
+            "too_many_seats",
+        ),
         (format!("/v1/shows/{sh}/seats"), "invalid_request"),
         (format!("/v1/shows/{sh}/seats/B:1"), "invalid_seat"),
         ("/v1/shows/a%7Bb/seats/A1".to_owned(), "invalid_show"),
@@ -799,6 +816,32 @@ async fn routes_methods_and_probes() {
     let s = server().await;
     let (status, body) = s.get("/nope").await;
     common::assert_error(status, &body, 404, "not_found");
+    // API answers carry hold tokens and states that change by the
+    // millisecond: no cache or proxy may keep them.
+    let sh = show("no-store");
+    for (method, path) in [
+        ("POST", format!("/v1/shows/{sh}/seats/A1/hold")),
+        ("GET", format!("/v1/shows/{sh}/seats/A1")),
+        ("GET", format!("/v1/shows/{sh}/seats?ids=A1,A2")),
+        ("POST", format!("/v1/shows/{sh}/seats/A1/hold")),
+        ("GET", format!("/v1/shows/{sh}/holds/nope")),
+    ] {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let r = s
+            .http
+            .request(method.clone(), format!("{}{path}", s.base))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(
+            r.headers()
+                .get("cache-control")
+                .and_then(|v| v.to_str().ok()),
+            Some("no-store"),
+            "{method} {path}: {}",
+            r.status()
+        );
+    }
     let (status, body) = s.get("/v1/shows/42/holds").await;
     common::assert_error(status, &body, 405, "method_not_allowed");
     let r = s

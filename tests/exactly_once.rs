@@ -69,7 +69,11 @@ async fn send(
     body: Option<Value>,
     key: Option<&str>,
 ) -> Reply {
-    let resp = common::request_at(&s.http, &s.base, method, path, body, key).await;
+    reply(common::request_at(&s.http, &s.base, method, path, body, key).await).await
+}
+
+/// `resp` as a [`Reply`].
+async fn reply(resp: reqwest::Response) -> Reply {
     let status = resp.status().as_u16();
     let replayed = match resp.headers().get("idempotent-replayed") {
         None => false,
@@ -2584,5 +2588,184 @@ async fn a_change_racing_a_patch_acts_on_the_hold_as_patched() {
                 }
             }
         }
+    }
+}
+
+/// Sends `method path` with `body` as raw bytes (JSON when not empty) and
+/// every key in `keys` as an `Idempotency-Key` header of its own.
+async fn send_raw(s: &TestServer, method: &str, path: &str, body: &str, keys: &[&str]) -> Reply {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+    let mut req = s.http.request(method, format!("{}{path}", s.base));
+    if !body.is_empty() {
+        req = req
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+    }
+    for key in keys {
+        req = req.header("Idempotency-Key", *key);
+    }
+    reply(req.send().await.expect("request")).await
+}
+
+/// A client that writes the same request in other words (a number as
+/// 60000.0, an absent field as null, no body as `{}`) gets its replay, not
+/// 422; a request that differs in value still gets 422.
+#[tokio::test]
+async fn the_same_request_in_other_words_is_replayed() {
+    let _r = EXCLUSIVE.read().await;
+    let s = server_with(options()).await;
+    let sh = show("words");
+    let path = format!("/v1/shows/{sh}/holds");
+    let key = idem_key("words");
+    let first = send_raw(
+        &s,
+        "POST",
+        &path,
+        r#"{"seats":["A1"],"ttlMs":60000}"#,
+        &[&key],
+    )
+    .await;
+    assert_eq!((first.status, first.replayed), (201, false), "{first:?}");
+    for again in [
+        r#"{ "ttlMs" : 60000.0 , "seats" : [ "A1" ] }"#,
+        r#"{"seats":["A1"],"ttlMs":60000,"holder":null}"#,
+        r#"{"seats":["A1"],"ttlMs":6e4}"#,
+    ] {
+        let r = send_raw(&s, "POST", &path, again, &[&key]).await;
+        assert_eq!((r.status, r.replayed), (201, true), "{again}: {r:?}");
+        assert_eq!(r.body["holdToken"], first.body["holdToken"], "{again}");
+    }
+    for other in [r#"{"seats":["A1"],"ttlMs":60001}"#, r#"{"seats":["A1"]}"#] {
+        let r = send_raw(&s, "POST", &path, other, &[&key]).await;
+        common::assert_error(r.status, &r.body, 422, "idempotency_key_reused");
+    }
+
+    // The single-seat route: no body and an empty object are one request.
+    let one = format!("/v1/shows/{sh}/seats/A2/hold");
+    let key = idem_key("words-one");
+    let first = send_raw(&s, "POST", &one, "", &[&key]).await;
+    assert_eq!((first.status, first.replayed), (201, false), "{first:?}");
+    for again in ["{}", r#"{"ttlMs":null}"#, ""] {
+        let r = send_raw(&s, "POST", &one, again, &[&key]).await;
+        assert_eq!((r.status, r.replayed), (201, true), "{again:?}: {r:?}");
+        assert_eq!(r.body["holdToken"], first.body["holdToken"]);
+    }
+    // And so for a confirm.
+    let token = token_of(&first.body);
+    let confirm = format!("/v1/shows/{sh}/holds/{token}/confirm");
+    let key = idem_key("words-confirm");
+    let first = send_raw(&s, "POST", &confirm, "", &[&key]).await;
+    assert_eq!((first.status, first.replayed), (200, false), "{first:?}");
+    let again = send_raw(&s, "POST", &confirm, "{}", &[&key]).await;
+    assert_eq!((again.status, again.replayed), (200, true), "{again:?}");
+}
+
+/// Two `Idempotency-Key` headers are one too many: 400 before anything is
+/// written, not a request recorded under the first.
+#[tokio::test]
+async fn two_idempotency_keys_are_refused() {
+    let _r = EXCLUSIVE.read().await;
+    let s = server_with(options()).await;
+    let sh = show("two-keys");
+    let (a, b) = (idem_key("two-a"), idem_key("two-b"));
+    for (path, body) in [
+        (format!("/v1/shows/{sh}/holds"), r#"{"seats":["K9"]}"#),
+        (format!("/v1/shows/{sh}/seats/K9/hold"), ""),
+    ] {
+        let r = send_raw(&s, "POST", &path, body, &[&a, &b]).await;
+        common::assert_error(r.status, &r.body, 400, "invalid_idempotency_key");
+        assert_eq!(seat_state(&s, &sh, "K9").await["state"], "free", "{path}");
+    }
+    for key in [&a, &b] {
+        let r = send_raw(
+            &s,
+            "POST",
+            &format!("/v1/shows/{sh}/holds"),
+            r#"{"seats":["K9"]}"#,
+            &[key],
+        )
+        .await;
+        assert_eq!(
+            (r.status, r.replayed),
+            (201, false),
+            "{key} was never used: {r:?}"
+        );
+        let token = token_of(&r.body);
+        let gone = send(
+            &s,
+            "DELETE",
+            &format!("/v1/shows/{sh}/holds/{token}"),
+            None,
+            None,
+        )
+        .await;
+        assert_eq!(gone.status, 204);
+    }
+}
+
+/// A replay of a hold, extend or change whose hold is gone (released here)
+/// says it has no time left: not the recorded expiry counted down, which
+/// told a client that retried that it still held seats now free.
+#[tokio::test]
+async fn a_replay_of_a_gone_hold_has_no_time_left() {
+    let _r = EXCLUSIVE.read().await;
+    let s = server_with(options()).await;
+    let sh = show("gone-replay");
+    let hold = (
+        "POST",
+        format!("/v1/shows/{sh}/holds"),
+        Some(json!({"seats": ["A1"], "ttlMs": 300000})),
+    );
+    let key = idem_key("gone-hold");
+    let made = send(&s, hold.0, &hold.1, hold.2.clone(), Some(&key)).await;
+    assert_eq!(made.status, 201, "{made:?}");
+    let token = token_of(&made.body);
+    let changes = [
+        (
+            idem_key("gone-extend"),
+            "POST",
+            format!("/v1/shows/{sh}/holds/{token}/extend"),
+            Some(json!({"ttlMs": 300000})),
+        ),
+        (
+            idem_key("gone-patch"),
+            "PATCH",
+            format!("/v1/shows/{sh}/holds/{token}"),
+            Some(json!({"add": ["A2"]})),
+        ),
+    ];
+    for (k, method, path, body) in &changes {
+        let r = send(&s, method, path, body.clone(), Some(k)).await;
+        assert_eq!(
+            (r.status, r.replayed),
+            (200, false),
+            "{method} {path}: {r:?}"
+        );
+    }
+    // While the hold lives, a replay tells its time left.
+    let again = send(&s, hold.0, &hold.1, hold.2.clone(), Some(&key)).await;
+    assert_eq!((again.status, again.replayed), (201, true), "{again:?}");
+    assert!(again.body["expiresInMs"].as_i64().expect("expiresInMs") > 200_000);
+
+    let gone = send(
+        &s,
+        "DELETE",
+        &format!("/v1/shows/{sh}/holds/{token}"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(gone.status, 204, "{gone:?}");
+    let mut replays = vec![(key, hold.0, hold.1, hold.2, 201)];
+    replays.extend(changes.into_iter().map(|(k, m, p, b)| (k, m, p, b, 200)));
+    for (k, method, path, body, status) in replays {
+        let r = send(&s, method, &path, body, Some(&k)).await;
+        assert_eq!(
+            (r.status, r.replayed),
+            (status, true),
+            "{method} {path}: {r:?}"
+        );
+        assert_eq!(r.body["holdToken"], json!(token), "{r:?}");
+        assert_eq!(r.body["expiresInMs"], json!(0), "{method} {path}: {r:?}");
     }
 }

@@ -26,7 +26,13 @@ impl Service {
         let lookup = self.lookup(deadline, show, token, idem, false).await?;
         if let (Some(recorded), Some(idem)) = (lookup.recorded, idem) {
             let recorded = Recorded::parse(&recorded, idem)?;
-            let hold = replay_extend(show, token.clone(), lookup.found, lookup.now_ms, &recorded)?;
+            let hold = replay_extend(
+                show,
+                token.clone(),
+                Some(lookup.found),
+                lookup.now_ms,
+                &recorded,
+            )?;
             return Ok(Err(Answer::replayed(hold)));
         }
         match lookup.found {
@@ -131,7 +137,7 @@ impl Service {
             // record and Redis's time of this reply tell the expiry.
             let recorded = Recorded::parse(&recorded, &run.idem)?;
             let now = now.unwrap_or(rec.now_ms);
-            let hold = replay_extend(show, token, Found::Nothing, now, &recorded)?;
+            let hold = replay_extend(show, token, None, now, &recorded)?;
             if run.own {
                 // The first run's answer: counted and swept as it would
                 // have been.
@@ -406,11 +412,13 @@ where
 }
 
 /// An extend's recorded outcome `200 <fence> <at> <kind> <items>`, answered
-/// again with the hold's current remaining time while it lives.
+/// again with the hold's current remaining time while it lives. `found` is
+/// what a lookup found of the hold; `None` when none was made (the script
+/// itself answered the record), and then the recorded expiry tells.
 pub(super) fn replay_extend(
     show: &ShowId,
     token: HoldToken,
-    found: Found,
+    found: Option<Found>,
     now_ms: i64,
     recorded: &Recorded,
 ) -> Result<Hold, Error> {
@@ -421,8 +429,11 @@ pub(super) fn replay_extend(
     let kind = recorded.fields.get(2).ok_or_else(unreadable)?;
     let contents = Contents::decode(kind, &recorded.rest(3), show).ok_or_else(unreadable)?;
     let pttl = match found {
-        Found::Hold(rec) => rec.pttl,
-        _ => (at - now_ms).max(0),
+        Some(Found::Hold(rec)) => rec.pttl,
+        // Gone (released, sold or expired): no time left, whatever the
+        // record says, lest the client think it still holds the seats.
+        Some(_) => 0,
+        None => (at - now_ms).max(0),
     };
     Ok(Hold::new(
         token,

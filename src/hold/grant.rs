@@ -266,11 +266,13 @@ impl Service {
         recorded: &Recorded,
     ) -> Result<Hold, Error> {
         let token = HoldToken::parse(recorded.fields.first().map_or("", String::as_str))?;
-        let (fence, at) = (recorded.int(1)?, recorded.int(2)?);
+        let fence = recorded.int(1)?;
         let lookup = self.lookup(deadline, home, &token, None, false).await?;
         let pttl = match lookup.found {
             Found::Hold(rec) => rec.pttl,
-            _ => (at - lookup.now_ms).max(0),
+            // Gone (released, sold or expired): no time left, lest the
+            // client think it still holds the seats.
+            _ => 0,
         };
         Ok(Hold::new(
             token,

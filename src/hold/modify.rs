@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use redis::Value;
 
 use super::change::replay_extend;
-use super::lookup::Found;
 use super::plan::{ints, refusal, replay_of};
 use super::{Answer, RunKey, Service};
 use crate::cluster::Deadline;
@@ -106,7 +105,7 @@ impl Service {
             // a concurrent twin of this request that won the race.
             let recorded = Recorded::parse(&recorded, &run.idem)?;
             let now = now.unwrap_or(rec.now_ms);
-            let hold = replay_extend(show, token, Found::Nothing, now, &recorded)?;
+            let hold = replay_extend(show, token, None, now, &recorded)?;
             if run.own && events.is_some() {
                 metrics::counter!(m::EVENTS, "type" => "modified").increment(1);
             }

@@ -89,10 +89,16 @@ impl Req<'_> {
     }
 
     /// The request's `Idempotency-Key` with its fingerprint, if it has one.
+    /// Two of them are 400: recording the request under either would
+    /// surprise a client that meant the other.
     fn idem(&self) -> Result<Option<Idem>, Error> {
-        let Some(raw) = self.head.headers.get(IDEMPOTENCY_KEY) else {
+        let mut all = self.head.headers.get_all(IDEMPOTENCY_KEY).iter();
+        let Some(raw) = all.next() else {
             return Ok(None);
         };
+        if all.next().is_some() {
+            return Err(Error::InvalidIdempotencyKey);
+        }
         let key = IdemKey::parse(raw.as_bytes())?;
         Ok(Some(Idem::new(
             key,
@@ -300,11 +306,18 @@ async fn seat_state(req: &Req<'_>, show: ShowId, seat: &str) -> Result<Resp, Err
 /// `GET /v1/shows/{show}/seats?ids=E7,E8`.
 async fn seat_states(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
     let query = req.head.uri.query().unwrap_or_default();
-    let ids = form_urlencoded::parse(query.as_bytes())
-        .find(|(k, _)| k == "ids")
+    // `ids` may come more than once (`?ids=E7&ids=E8`, as forms write
+    // lists): every one counts.
+    let ids: Vec<String> = form_urlencoded::parse(query.as_bytes())
+        .filter(|(k, _)| k == "ids")
         .map(|(_, v)| v.into_owned())
-        .ok_or_else(|| Error::InvalidRequest("name the seats with ?ids=E7,E8".into()))?;
-    let raw: Vec<&str> = ids.split(',').collect();
+        .collect();
+    if ids.is_empty() {
+        return Err(Error::InvalidRequest(
+            "name the seats with ?ids=E7,E8".into(),
+        ));
+    }
+    let raw: Vec<&str> = ids.iter().flat_map(|v| v.split(',')).collect();
     // A valid id named twice is a duplicate; an invalid one is refused as
     // invalid below, whatever else is wrong.
     let mut seen = std::collections::HashSet::new();

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONNECTION, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use metrics_exporter_prometheus::PrometheusHandle;
 
@@ -272,13 +272,16 @@ fn openapi() -> Resp {
     resp
 }
 
-/// A JSON response.
+/// A JSON response. `Cache-Control: no-store`: answers carry hold tokens
+/// and seat states that change by the millisecond, which no browser cache
+/// or proxy may keep.
 pub fn json<T: serde::Serialize + ?Sized>(status: StatusCode, value: &T) -> Resp {
     let body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
     let mut resp = Response::new(full(body));
     *resp.status_mut() = status;
-    resp.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    let headers = resp.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     resp
 }
 
