@@ -597,6 +597,15 @@ fn page_base(listener: &TcpListener, opts: &Options) -> String {
 
 /// `seathold dev`: a local cluster, the API on it, and a clean stop.
 pub async fn dev(dev: DevOptions, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
+    // Polled from the start, before any redis-server exists: a signal
+    // future installs its handler when first polled, and until then
+    // Ctrl-C kills the process outright, which would leave the nodes
+    // started so far and their folders behind.
+    let mut shutdown = std::pin::pin!(shutdown);
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(shutdown.as_mut().poll(cx)));
+    if first.await.is_ready() {
+        return Ok(());
+    }
     let mut opts = dev.options;
     opts.settle();
     opts.validate()?;
@@ -616,13 +625,22 @@ pub async fn dev(dev: DevOptions, shutdown: impl Future<Output = ()>) -> Result<
         "starting a local Redis Cluster ({}, {replicas})...",
         plural(dev.masters, "master")
     );
-    let cluster = crate::dev::LocalCluster::start(crate::dev::ClusterOptions {
+    let start = crate::dev::LocalCluster::start(crate::dev::ClusterOptions {
         masters: usize::from(dev.masters),
         replicas_per_master: usize::from(dev.replicas),
         extra_config: vec![("notify-keyspace-events".into(), "Ex".into())],
         ..Default::default()
-    })
-    .await?;
+    });
+    let cluster = tokio::select! {
+        biased;
+        () = shutdown.as_mut() => {
+            // Dropping `start` stops the nodes it started and removes
+            // its folder.
+            say!("stopped while the cluster was starting");
+            return Ok(());
+        }
+        cluster = start => cluster?,
+    };
     opts.redis_nodes = cluster.seed_urls();
     // Nothing balances load in front of a dev server: stop at once, unless
     // asked otherwise.
