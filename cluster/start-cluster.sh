@@ -254,6 +254,25 @@ replicas_linked() {
 }
 wait_for "every replica to sync with its master" replicas_linked
 
+# Redis 7.0 leaves a replica out of CLUSTER SLOTS until its master has
+# gossiped the replica's offset, seconds after the link is up; clients (and
+# `seathold doctor`) learn the replicas from CLUSTER SLOTS.
+replicas_listed() {
+  local port ids=() slots id
+  for port in "${ports[@]}"; do
+    if "${cli[@]}" -p "$port" info replication 2>/dev/null | grep -q '^role:slave'; then
+      ids+=("$("${cli[@]}" -p "$port" cluster myid)") || return 1
+    fi
+  done
+  for port in "${ports[@]}"; do
+    slots="$("${cli[@]}" -p "$port" cluster slots 2>/dev/null)" || return 1
+    for id in "${ids[@]}"; do
+      grep -qx "$id" <<<"$slots" || return 1
+    done
+  done
+}
+wait_for "every replica to be listed in CLUSTER SLOTS" replicas_listed
+
 "${cli[@]}" --cluster check "$host:${ports[0]}" >/dev/null ||
   die "redis-cli --cluster check found a problem"
 

@@ -13,25 +13,26 @@ use serde_json::json;
 const PASSWORD: &str = "acl-test-password-1";
 
 /// The rules of user `seathold` from `cluster/acl.conf`, switched on with a
-/// test password: the test runs the very ACL operators are told to use.
+/// test password as cluster/README.md tells operators to (`off resetpass`
+/// becomes `on resetpass #<SHA-256 of the password>`): the test runs the
+/// very ACL operators are told to use.
 fn seathold_rules() -> Vec<String> {
+    use sha2::Digest as _;
     let acl = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/cluster/acl.conf"))
         .expect("cluster/acl.conf");
     let line = acl
         .lines()
         .find(|l| l.starts_with("user seathold "))
         .expect("a `user seathold` line in cluster/acl.conf");
-    line.split_whitespace()
+    assert!(
+        line.contains(" off resetpass "),
+        "cluster/README.md tells operators to replace `off resetpass`: {line}"
+    );
+    let hash = hex::encode(sha2::Sha256::digest(PASSWORD.as_bytes()));
+    line.replacen(" off resetpass ", &format!(" on resetpass #{hash} "), 1)
+        .split_whitespace()
         .skip(2)
-        .filter(|r| !r.starts_with('>') && !r.starts_with('#'))
-        .map(|r| {
-            if r == "off" {
-                "on".to_owned()
-            } else {
-                r.to_owned()
-            }
-        })
-        .chain([format!(">{PASSWORD}")])
+        .map(str::to_owned)
         .collect()
 }
 
