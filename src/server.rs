@@ -597,15 +597,7 @@ fn page_base(listener: &TcpListener, opts: &Options) -> String {
 
 /// `seathold dev`: a local cluster, the API on it, and a clean stop.
 pub async fn dev(dev: DevOptions, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
-    // Polled from the start, before any redis-server exists: a signal
-    // future installs its handler when first polled, and until then
-    // Ctrl-C kills the process outright, which would leave the nodes
-    // started so far and their folders behind.
     let mut shutdown = std::pin::pin!(shutdown);
-    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(shutdown.as_mut().poll(cx)));
-    if first.await.is_ready() {
-        return Ok(());
-    }
     let mut opts = dev.options;
     opts.settle();
     opts.validate()?;
@@ -631,6 +623,10 @@ pub async fn dev(dev: DevOptions, shutdown: impl Future<Output = ()>) -> Result<
         extra_config: vec![("notify-keyspace-events".into(), "Ex".into())],
         ..Default::default()
     });
+    // `biased`: `shutdown` is polled before the start spawns its first
+    // redis-server. A signal future installs its handler when first
+    // polled; until then Ctrl-C kills the process outright, which would
+    // leave the nodes started so far and their folders behind.
     let cluster = tokio::select! {
         biased;
         () = shutdown.as_mut() => {

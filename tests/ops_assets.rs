@@ -259,9 +259,22 @@ fn free_node_port(taken: &[u16]) -> u16 {
     }
 }
 
+/// `n` distinct free node ports (see [`free_node_port`]).
+fn node_ports(n: usize) -> Vec<u16> {
+    let mut ports = Vec::new();
+    while ports.len() < n {
+        ports.push(free_node_port(&ports));
+    }
+    ports
+}
+
 /// Runs `cluster/start-cluster.sh` with `options`, data in `data`, nodes on
-/// `ports`.
+/// `ports` (failing with how to install them when the Redis tools are
+/// missing).
 fn start_cluster(options: &[&str], data: &Path, ports: &[u16]) -> std::process::Output {
+    let why = "install it: apt-get update && apt-get install -y redis-server redis-tools";
+    common::required("redis-server", why);
+    common::required("redis-cli", why);
     std::process::Command::new("bash")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/start-cluster.sh"))
         .args(options)
@@ -287,17 +300,11 @@ fn stop_cluster(data: &Path) -> std::process::Output {
 /// failed "masters with too few replicas" (3 runs out of 3).
 #[test]
 fn a_cluster_the_script_calls_ready_passes_the_doctor() {
-    let why = "install it: apt-get update && apt-get install -y redis-server redis-tools";
-    common::required("redis-server", why);
-    common::required("redis-cli", why);
     let data = std::env::temp_dir().join(format!(
         "seathold-ready-cluster-{}",
         uuid::Uuid::new_v4().simple()
     ));
-    let mut ports = Vec::new();
-    for _ in 0..6 {
-        ports.push(free_node_port(&ports));
-    }
+    let ports = node_ports(6);
     let out = start_cluster(&["-r", "1", "-t", "60"], &data, &ports);
     let doctor = std::process::Command::new(env!("CARGO_BIN_EXE_seathold"))
         .args(["doctor", "--redis-nodes"])
@@ -328,9 +335,6 @@ fn a_cluster_the_script_calls_ready_passes_the_doctor() {
 /// node stopped with "FATAL CONFIG FILE ERROR … dir /var/lib/redis".
 #[test]
 fn start_cluster_does_not_use_the_templates_dir() {
-    let why = "install it: apt-get update && apt-get install -y redis-server redis-tools";
-    common::required("redis-server", why);
-    common::required("redis-cli", why);
     let scratch = std::env::temp_dir().join(format!(
         "seathold-start-cluster-{}",
         uuid::Uuid::new_v4().simple()
@@ -351,10 +355,7 @@ fn start_cluster_does_not_use_the_templates_dir() {
     )
     .expect("template");
     let data = scratch.join("nodes");
-    let mut ports = Vec::new();
-    for _ in 0..3 {
-        ports.push(free_node_port(&ports));
-    }
+    let ports = node_ports(3);
     let template = template.to_string_lossy().into_owned();
     let out = start_cluster(&["-c", &template, "-r", "0", "-t", "30"], &data, &ports);
     let stopped = stop_cluster(&data);
