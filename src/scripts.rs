@@ -132,6 +132,8 @@ pub struct Scripts {
     pub pool: Script,
     /// `lua/settings.lua`: a show's settings.
     pub settings: Script,
+    /// `lua/forget.lua`: remove a failed confirm's idempotency record.
+    pub forget: Script,
     /// `lua/modify.lua`: change a hold's seats and pool units.
     pub modify: Script,
 }
@@ -151,12 +153,13 @@ impl Scripts {
             events: Script::new("events", include_str!("../lua/events.lua")),
             pool: Script::new("pool", include_str!("../lua/pool.lua")),
             settings: Script::new("settings", include_str!("../lua/settings.lua")),
+            forget: Script::new("forget", include_str!("../lua/forget.lua")),
             modify: Script::new("modify", include_str!("../lua/modify.lua")),
         }
     }
 
     /// All scripts, for loading them.
-    pub fn all(&self) -> [&Script; 12] {
+    pub fn all(&self) -> [&Script; 13] {
         [
             &self.hold,
             &self.release,
@@ -170,6 +173,7 @@ impl Scripts {
             &self.pool,
             &self.settings,
             &self.modify,
+            &self.forget,
         ]
     }
 }

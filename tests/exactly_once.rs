@@ -2769,3 +2769,65 @@ async fn a_replay_of_a_gone_hold_has_no_time_left() {
         assert_eq!(r.body["expiresInMs"], json!(0), "{method} {path}: {r:?}");
     }
 }
+
+/// A confirm answered 503 removes the record it made under its key, so
+/// that the retry runs again, but never the record of another request
+/// under the same key (before, a plain DEL removed whatever was there, and
+/// the other request's retry would have run twice).
+#[tokio::test]
+async fn a_failed_confirm_forgets_only_its_own_record() {
+    let _r = EXCLUSIVE.read().await;
+    let sh = show("forget");
+    let record = keys().idempotency(&sh, "k1");
+    let mut conn = common::redis().await;
+    let forget = |fingerprint: &'static str| {
+        let keys = vec![record.clone()];
+        async move {
+            let mut conn = common::redis().await;
+            Scripts::embedded()
+                .forget
+                .run::<_, i64>(&mut conn, &keys, |c| {
+                    c.arg(fingerprint);
+                })
+                .await
+                .expect("forget.lua")
+        }
+    };
+    for (stored, fingerprint, removed) in [
+        ("other 201 tok 17 99", "mine", false),
+        ("mine2 200 17", "mine", false),
+        ("mine 200 17", "mine", true),
+    ] {
+        let () = conn.set(&record, stored).await.expect("SET");
+        assert_eq!(forget(fingerprint).await, i64::from(removed), "{stored}");
+        let left = get_opt(&record).await;
+        assert_eq!(left.is_none(), removed, "{stored}: {left:?}");
+    }
+    assert_eq!(forget("mine").await, 0, "no record");
+
+    // Through the API: a confirm whose WAIT falls short (3 replicas asked
+    // of one) is 503 and leaves no record, so its retry runs again.
+    let s = server_with(Options {
+        confirm_wait_replicas: 3,
+        confirm_wait_timeout_ms: 300,
+        ..options()
+    })
+    .await;
+    let token = token_of(&s.hold(&sh, &["F1"]).await);
+    let key = idem_key("forget");
+    let path = format!("/v1/shows/{sh}/holds/{token}/confirm");
+    for attempt in 0..2 {
+        let r = send(&s, "POST", &path, None, Some(&key)).await;
+        assert_eq!(
+            (r.status, r.replayed),
+            (503, false),
+            "attempt {attempt}: {r:?}"
+        );
+        assert_eq!(r.body["error"], "not_replicated", "{r:?}");
+        assert_eq!(
+            get_opt(&keys().idempotency(&sh, &key)).await,
+            None,
+            "attempt {attempt}"
+        );
+    }
+}

@@ -364,7 +364,8 @@ impl Service {
 impl Service {
     /// Removes what a confirm recorded under `idem` when it is answered
     /// with a failure, so that the retry runs again as a fresh request
-    /// (and records its own answer). Best effort: when Redis cannot be
+    /// (and records its own answer); a record of another request under
+    /// the same key stays (`lua/forget.lua`). Best effort: when Redis cannot be
     /// reached the record stays, and the retry, which confirms and waits
     /// again anyway, is marked replayed. Awaited within the request's
     /// `deadline` after a `WAIT` fell short (Redis answers, and the retry
@@ -372,18 +373,20 @@ impl Service {
     /// background after a Redis failure (`None`), so that the 503 is not
     /// delayed by a second wait on a Redis that did not answer.
     async fn forget_idempotency(&self, show: &ShowId, idem: &Idem, deadline: Option<&Deadline>) {
-        let key = self.keys.idempotency(show, idem.key.as_str());
+        let keys = [self.keys.idempotency(show, idem.key.as_str())];
+        let fingerprint = idem.fingerprint.clone();
         let cluster = std::sync::Arc::clone(&self.cluster);
         let show = show.clone();
         let within = deadline.copied();
         let forget = async move {
-            let del = async {
-                let mut conn = cluster.conn()?;
-                let () = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
-                Ok(())
-            };
             let deadline = within.unwrap_or_else(|| cluster.deadline());
-            if let Err(err) = deadline.within(del).await {
+            let script = &cluster.scripts().forget;
+            let forgot: Result<i64, Error> = cluster
+                .eval(&deadline, script, &keys, |c| {
+                    c.arg(&fingerprint);
+                })
+                .await;
+            if let Err(err) = forgot {
                 tracing::warn!(%show, error = %err, "could not remove the idempotency record of a failed confirm");
             }
         };
