@@ -57,14 +57,12 @@ fn start_dev(args: &[&str]) -> DevRun {
         .split(',')
         .filter_map(|u| u.trim().rsplit(':').next()?.parse().ok())
         .collect();
-    let pids = std::fs::read_dir("/proc")
-        .expect("/proc")
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-                c.contains("redis-server") && ports.iter().any(|p| c.contains(&format!(":{p}")))
-            })
+    let pids = command_lines()
+        .into_iter()
+        .filter(|(_, c)| {
+            c.contains("redis-server") && ports.iter().any(|p| c.contains(&format!(":{p}")))
         })
+        .map(|(pid, _)| pid)
         .collect();
     DevRun {
         child,
@@ -74,6 +72,18 @@ fn start_dev(args: &[&str]) -> DevRun {
         ports,
         pids,
     }
+}
+
+/// Every process with its command line (arguments joined by spaces).
+fn command_lines() -> Vec<(u32, String)> {
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            Some((pid, String::from_utf8_lossy(&cmdline).replace('\0', " ")))
+        })
+        .collect()
 }
 
 /// Whether a process with this pid is alive (zombies count as gone).
@@ -342,15 +352,9 @@ impl Drop for KillOnDrop {
 /// redis-servers of a dev cluster in `dir` and their watchdogs.
 fn processes_in(dir: &std::path::Path) -> Vec<(u32, String)> {
     let dir = dir.to_string_lossy().into_owned();
-    std::fs::read_dir("/proc")
-        .expect("/proc")
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| alive(pid))
-        .filter_map(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            cmdline.contains(&dir).then_some((pid, cmdline))
-        })
+    command_lines()
+        .into_iter()
+        .filter(|(pid, cmdline)| alive(*pid) && cmdline.contains(&dir))
         .collect()
 }
 
