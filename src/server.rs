@@ -322,7 +322,25 @@ impl Accept<'_> {
         let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             let app = Arc::clone(&app);
             req.extensions_mut().insert(handle.clone());
-            async move { Ok::<_, Infallible>(http::handle(app, req, peer).await) }
+            // Each request runs in a task of its own, to its end even when
+            // its client hangs up: hyper drops a connection's futures when
+            // the client goes, and a script already sent still runs in
+            // Redis, so what the request changed would go uncounted (its
+            // counters, events_total, the request histogram) and its
+            // clean-up after a failure (an orphan's abandon, a failed
+            // confirm's record) undone. It lasts at most the Redis timeout.
+            async move {
+                let response = match tokio::spawn(http::handle(app, req, peer)).await {
+                    Ok(response) => response,
+                    Err(err) => {
+                        tracing::error!(error = %err, "a request's task failed");
+                        http::error_response(crate::error::Error::Internal(
+                            "the request's task failed".to_owned(),
+                        ))
+                    }
+                };
+                Ok::<_, Infallible>(response)
+            }
         });
         let stream = WriteStall::new(stream, self.header_read_timeout);
         let conn = self

@@ -2831,3 +2831,99 @@ async fn a_failed_confirm_forgets_only_its_own_record() {
         );
     }
 }
+
+/// A client that hangs up while its request waits on Redis takes nothing
+/// back: Redis made the release and the sale, so both are counted (the
+/// counters and the request histogram), as if the client had stayed. The
+/// daemon is a process of its own, so its counters are its requests only.
+#[tokio::test]
+async fn a_client_that_hangs_up_leaves_its_changes_counted() {
+    let _x = EXCLUSIVE.write().await;
+    let d = common::Daemon::start(&["--confirm-wait-replicas", "0"]).await;
+    let http = reqwest::Client::new();
+    let sh = show("hangup");
+    let mut tokens = Vec::new();
+    for seat in ["A1", "A2"] {
+        let (status, body) = common::call_at(
+            &http,
+            &d.base,
+            "POST",
+            &format!("/v1/shows/{sh}/holds"),
+            Some(json!({"seats": [seat]})),
+        )
+        .await;
+        assert_eq!(status, 201, "{body}");
+        tokens.push(token_of(&body));
+    }
+    let before = common::scrape(&d.metrics().await);
+    let (_, master) = common::slot_and_master(&sh).await;
+    pause_writes(master, 1000).await;
+    let release = http
+        .delete(format!("{}/v1/shows/{sh}/holds/{}", d.base, tokens[0]))
+        .timeout(Duration::from_millis(200))
+        .send();
+    let confirm = http
+        .post(format!(
+            "{}/v1/shows/{sh}/holds/{}/confirm",
+            d.base, tokens[1]
+        ))
+        .timeout(Duration::from_millis(200))
+        .send();
+    let (release, confirm) = tokio::join!(release, confirm);
+    assert!(
+        release.is_err() && confirm.is_err(),
+        "the pause outlived the clients' patience: {release:?} {confirm:?}"
+    );
+
+    let route = "seathold_http_request_duration_seconds_count{route=\"/v1/shows/{show}/holds/{token}\",status=\"204\"}";
+    let confirm_route = "seathold_http_request_duration_seconds_count{route=\"/v1/shows/{show}/holds/{token}/confirm\",status=\"200\"}";
+    let wanted = [
+        "seathold_releases_total",
+        "seathold_confirms_total",
+        "seathold_events_total{type=\"released\"}",
+        "seathold_events_total{type=\"confirmed\"}",
+        route,
+        confirm_route,
+    ];
+    let mut moved = Vec::new();
+    let limit = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < limit {
+        let after = common::scrape(&d.metrics().await);
+        moved = wanted
+            .iter()
+            .map(|s| {
+                let d =
+                    after.get(*s).copied().unwrap_or(0.0) - before.get(*s).copied().unwrap_or(0.0);
+                (*s, d)
+            })
+            .collect();
+        if moved.iter().all(|(_, d)| *d == 1.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        moved.iter().all(|(_, d)| *d == 1.0),
+        "each counted once: {moved:?}"
+    );
+    let (_, a1) = common::call_at(
+        &http,
+        &d.base,
+        "GET",
+        &format!("/v1/shows/{sh}/seats/A1"),
+        None,
+    )
+    .await;
+    let (_, a2) = common::call_at(
+        &http,
+        &d.base,
+        "GET",
+        &format!("/v1/shows/{sh}/seats/A2"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (a1["state"].as_str(), a2["state"].as_str()),
+        (Some("free"), Some("sold"))
+    );
+}
