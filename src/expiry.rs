@@ -179,6 +179,20 @@ async fn session(
         .await
         .map_err(bounded("subscribe"))?
         .map_err(|e| e.to_string())?;
+    // With events on, also the shows a stopping instance hands over (a
+    // PUBLISH reaches every node, so each master's subscription hears it;
+    // the sweeper reads each show once). An ACL written for an older
+    // version may not allow the channel: then expiries go on without it.
+    let handover = shared.keys.handover_channel();
+    if shared.sweeper.is_some() {
+        match tokio::time::timeout(timeout, sink.subscribe(&handover)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::warn!(%addr, channel = %handover, error = %err,
+                "cannot subscribe to the channel on which stopping instances hand their shows over; \
+                 their holds' expired events wait for Redis's notifications (see cluster/acl.conf)"),
+            Err(_) => return Err("subscribe timed out".into()),
+        }
+    }
     subscribed.set(true);
     // Notifications sent while nobody listened are lost: have the sweeper
     // look for what they would have said.
@@ -195,6 +209,12 @@ async fn session(
             msg = stream.next() => {
                 let Some(msg) = msg else { return Ok(()) };
                 let key = std::str::from_utf8(msg.get_payload_bytes()).unwrap_or_default();
+                if msg.get_channel_name() == handover {
+                    if let Some(sweeper) = &shared.sweeper {
+                        sweeper.take_over(key);
+                    }
+                    continue;
+                }
                 if let Some((show, token)) = shared.keys.parse_hold_record(key) {
                     match &shared.sweeper {
                         Some(sweeper) => sweeper.record_expired(show, token),

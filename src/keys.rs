@@ -189,6 +189,13 @@ impl KeySpace {
         self.record(show.as_ref(), "holder-sold", holder)
     }
 
+    /// The pub/sub channel on which a stopping instance names the shows it
+    /// would have swept, for the instances that go on (not a key: Redis
+    /// Cluster forwards a PUBLISH to every node).
+    pub fn handover_channel(&self) -> String {
+        format!("{}sweep-handover", self.prefix)
+    }
+
     /// `<prefix>{show:.scan.<n>}#scan-lease`: which instance scans a
     /// master for deadline indexes this period (`events::sweep`); `n` picks
     /// a hash tag whose slot is on that master. No show's own keys end in

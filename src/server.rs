@@ -225,7 +225,14 @@ pub async fn run(
     let orphans = app
         .service
         .drain_orphans(Duration::from_millis(opts.redis_timeout_ms));
-    let ((), left) = tokio::join!(tasks.stop(), orphans);
+    // No hold comes any more: the shows this instance would have swept go
+    // to the instances that go on.
+    let hand_over = async {
+        if let Some(events) = &app.events {
+            events.sweeper.hand_over().await;
+        }
+    };
+    let ((), (), left) = tokio::join!(hand_over, tasks.stop(), orphans);
     if left > 0 {
         tracing::warn!(
             holds = left,

@@ -519,6 +519,7 @@ fn the_acl_grants_every_command_seathold_sends() {
             "auth",
             "subscribe",
             "unsubscribe",
+            "publish",
             "config|get",
         ]
         .map(str::to_owned),

@@ -808,6 +808,150 @@ async fn a_dead_instances_multi_show_hold_expires_in_every_show_on_time() {
     drop(survivor);
 }
 
+/// Keys with a long TTL, `per_master` on every master, that make Redis's
+/// own expiry slow: it finds expired keys by sampling the keys that have a
+/// TTL, so among a few hundred thousand a hold record's `expired`
+/// notification comes seconds late (as at an on-sale with many live holds
+/// and idempotency records). Removed when dropped, even by a failing test.
+struct SlowExpiry {
+    /// Each master's port and the hash tag of its keys.
+    tags: Vec<(u16, String)>,
+    per_master: u64,
+}
+
+/// Keys ARGV[2] to ARGV[3] (in chunks: a script blocks its master).
+const FILL: &str = "for i = tonumber(ARGV[2]), tonumber(ARGV[3]) do redis.call('SET', ARGV[1] .. i, 'x', 'PX', 3600000) end";
+const UNFILL: &str =
+    "for i = tonumber(ARGV[2]), tonumber(ARGV[3]) do redis.call('UNLINK', ARGV[1] .. i) end";
+const CHUNK: u64 = 20_000;
+
+impl SlowExpiry {
+    async fn new(per_master: u64) -> Self {
+        let mut tags = Vec::new();
+        for port in common::master_ports().await {
+            let mut tag = None;
+            for i in 0.. {
+                let t = format!("slow-expiry-{i}");
+                let slot = seathold::keys::slot(format!("{{{t}}}").as_bytes());
+                if cluster().master_port_for_slot(slot).await.ok() == Some(port) {
+                    tag = Some(t);
+                    break;
+                }
+            }
+            tags.push((port, tag.expect("a tag on the master")));
+        }
+        let this = Self { tags, per_master };
+        for (port, tag) in &this.tags {
+            let mut conn = common::node(*port).await;
+            for from in (1..=per_master).step_by(CHUNK as usize) {
+                let () = redis::cmd("EVAL")
+                    .arg(FILL)
+                    .arg(0)
+                    .arg(format!("{{{tag}}}:"))
+                    .arg(from)
+                    .arg((from + CHUNK - 1).min(per_master))
+                    .query_async(&mut conn)
+                    .await
+                    .expect("fill the master");
+            }
+        }
+        this
+    }
+}
+
+impl Drop for SlowExpiry {
+    fn drop(&mut self) {
+        for (port, tag) in &self.tags {
+            let removed = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| {
+                    (1..=self.per_master)
+                        .step_by(CHUNK as usize)
+                        .try_for_each(|from| {
+                            redis::cmd("EVAL")
+                                .arg(UNFILL)
+                                .arg(0)
+                                .arg(format!("{{{tag}}}:"))
+                                .arg(from)
+                                .arg((from + CHUNK - 1).min(self.per_master))
+                                .query::<()>(&mut c)
+                        })
+                });
+            if let Err(err) = removed {
+                eprintln!("could not remove the keys of {{{tag}}} on {port}: {err}");
+            }
+        }
+    }
+}
+
+/// An instance that stops (SIGTERM: a rolling deploy, a scale-down) hands
+/// the shows it would sweep to the instances that go on, whose `expired`
+/// events then come within 1 s. Before, the others learnt of those holds
+/// from Redis's expiry notifications only, which came 5-10 s late on
+/// masters with many keys that have a TTL (the periodic scan would have
+/// found them within `--sweep-scan-interval-ms`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_instance_hands_its_sweeps_over() {
+    let _alone = common::exclusive().await;
+    let survivor = Daemon::start(&[]).await;
+    let mut stopping = Daemon::start(&["--shutdown-drain-ms", "0"]).await;
+    for d in [&survivor, &stopping] {
+        eventually(
+            Duration::from_secs(10),
+            "every master's expiry subscription",
+            || async { metric(d, "seathold_expiry_subscriptions").await == 3.0 },
+        )
+        .await;
+    }
+    let _slow = SlowExpiry::new(200_000).await;
+
+    let api = Api::new(&stopping.base);
+    let base = show("handover");
+    let shows: Vec<String> = (0..10).map(|i| format!("{base}-{i}")).collect();
+    let mut expected = Vec::new();
+    for sh in &shows {
+        for seat in ["A1", "A2"] {
+            let hold = api.hold(sh, &[seat.to_owned()], 1_500).await;
+            let at = iso_ms(hold["expiresAt"].as_str().expect("expiresAt"));
+            expected.push((sh.clone(), hold_ref(&hold), at));
+        }
+    }
+    stopping.signal("TERM");
+    assert_eq!(stopping.wait_exit(Duration::from_secs(10)).await, Some(0));
+
+    let mut conn = common::redis().await;
+    let mut late: BTreeMap<(String, String), i64> = BTreeMap::new();
+    let until = Instant::now() + Duration::from_secs(8);
+    while late.len() < expected.len() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for sh in &shows {
+            for (id, t, r) in xrange(&mut conn, sh).await {
+                if t != "expired" {
+                    continue;
+                }
+                let Some((_, _, at)) = expected.iter().find(|(s, rr, _)| s == sh && *rr == r)
+                else {
+                    panic!("{sh}: an expired event of a hold it did not have: {r}");
+                };
+                let before = late.insert((sh.clone(), r.clone()), id_ms(&id) - at);
+                assert!(
+                    before.is_none() || before == Some(id_ms(&id) - at),
+                    "{sh} {r}: two expired events"
+                );
+            }
+        }
+    }
+    eprintln!("holds of a stopped instance: ms after their expiry {late:?}");
+    for (sh, r, _) in &expected {
+        let ms = late.get(&(sh.clone(), r.clone())).copied();
+        assert!(
+            ms.is_some_and(|ms| (0..=1_000).contains(&ms)),
+            "{sh} {r}: expired event {ms:?} ms after the expiry"
+        );
+    }
+    drop(survivor);
+}
+
 /// `n` show ids of one hash slot, from `base`, in id order.
 fn shows_in_one_slot(base: &str, n: usize) -> Vec<String> {
     let ks = seathold::keys::KeySpace::new("");

@@ -31,7 +31,7 @@ struct Try {
 
 /// The commands seathold sends itself or from its scripts, on `key`; the
 /// `DEL` that cleans up comes last.
-fn tries(key: &str) -> Vec<Try> {
+fn tries(key: &str, handover: &str) -> Vec<Try> {
     let sha = redis::Script::new(PROBE_SCRIPT).get_hash().to_owned();
     let t = |rule: &'static str, parts: &[&str]| {
         let mut cmd = redis::cmd(parts[0]);
@@ -99,6 +99,9 @@ fn tries(key: &str) -> Vec<Try> {
         t("+cluster|info", &["CLUSTER", "INFO"]),
         t("+wait", &["WAIT", "0", "100"]),
         t("+config|get", &["CONFIG", "GET", "notify-keyspace-events"]),
+        // An empty handover names no show: the instances that hear it do
+        // nothing.
+        t("+publish", &["PUBLISH", handover, ""]),
         t("+del", &["DEL", key]),
     ]
 }
@@ -131,7 +134,8 @@ pub(super) async fn check(nodes: &Nodes, opts: &Options) -> Vec<Check> {
         let mut denied = Vec::new();
         let mut failed = Vec::new();
         let mut tried = 0;
-        for Try { rule, cmd } in tries(&key) {
+        let handover = crate::keys::KeySpace::new(opts.key_prefix.as_str()).handover_channel();
+        for Try { rule, cmd } in tries(&key, &handover) {
             tried += 1;
             match nodes.query::<redis::Value>(&mut conn, &cmd).await {
                 Err(err) if !(replica && let_through(&err)) => {
@@ -141,7 +145,7 @@ pub(super) async fn check(nodes: &Nodes, opts: &Options) -> Vec<Check> {
             }
         }
         tried += 2;
-        if let Err(err) = subscribe(nodes, addr).await {
+        if let Err(err) = subscribe(nodes, addr, &handover).await {
             judge(
                 "+subscribe +ping",
                 &err,
@@ -216,7 +220,7 @@ fn judge(
     let grant = if text.contains("access one of the keys") {
         format!("~{prefix}*")
     } else if text.contains("access one of the channels") {
-        "&__keyevent@*__:expired".to_owned()
+        format!("&__keyevent@*__:expired &{prefix}sweep-handover")
     } else {
         rule.to_owned()
     };
@@ -243,9 +247,10 @@ async fn whoami(
     }
 }
 
-/// `SUBSCRIBE` to the expiry channel and `PING` while subscribed, as the
-/// expiry counter does, on a connection of its own.
-async fn subscribe(nodes: &Nodes, addr: &str) -> redis::RedisResult<()> {
+/// `SUBSCRIBE` to the expiry channel and the handover channel and `PING`
+/// while subscribed, as the expiry subscriber does, on a connection of its
+/// own.
+async fn subscribe(nodes: &Nodes, addr: &str, handover: &str) -> redis::RedisResult<()> {
     let client = nodes
         .cluster
         .node_client(addr)
@@ -253,8 +258,10 @@ async fn subscribe(nodes: &Nodes, addr: &str) -> redis::RedisResult<()> {
     let work = async {
         let mut pubsub = client.get_async_pubsub().await?;
         pubsub.subscribe(EXPIRED_CHANNEL).await?;
+        pubsub.subscribe(handover).await?;
         let _: redis::Value = pubsub.ping().await?;
-        pubsub.unsubscribe(EXPIRED_CHANNEL).await
+        pubsub.unsubscribe(EXPIRED_CHANNEL).await?;
+        pubsub.unsubscribe(handover).await
     };
     match tokio::time::timeout(nodes.timeout, work).await {
         Ok(result) => result,

@@ -398,6 +398,20 @@ impl Due {
             .min()
     }
 
+    /// Every show this instance sweeps (waiting, being swept, or parked),
+    /// once each.
+    pub(super) fn shows(&self) -> Vec<ShowId> {
+        let mut shows: std::collections::BTreeSet<&ShowId> = self.by_show.keys().collect();
+        shows.extend(self.running.keys());
+        shows.extend(self.paused.values().flat_map(|p| p.parked.iter()));
+        shows.extend(
+            self.on_master
+                .values()
+                .flat_map(|o| o.waiting.iter().map(|(_, s)| s)),
+        );
+        shows.into_iter().cloned().collect()
+    }
+
     /// Shows waiting for their time (not being swept, not parked).
     pub(super) fn waiting(&self) -> usize {
         self.by_show.len()

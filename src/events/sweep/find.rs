@@ -38,7 +38,7 @@ impl Sweeper {
                 _ = stop.wait_for(|s| *s) => return,
             }
             tokio::time::sleep(CHECK_AFTER).await;
-            let shows: Vec<ShowId> = std::mem::take(
+            let shows: Vec<(ShowId, bool)> = std::mem::take(
                 &mut *self
                     .notified
                     .lock()
@@ -49,11 +49,16 @@ impl Sweeper {
             let topology = self.cluster.topology();
             // Connections to nodes that are no longer masters go.
             conns.retain(|addr, _| topology.masters.iter().any(|m| m == addr));
-            let mut by_master: HashMap<&str, Vec<(String, ShowId)>> = HashMap::new();
-            for show in shows {
+            let mut by_master: HashMap<&str, Vec<(String, ShowId, bool)>> = HashMap::new();
+            for (show, handed_over) in shows {
                 let key = self.keys.deadlines(&show);
                 match topology.master_of(crate::keys::slot(key.as_bytes())) {
-                    Some(master) => by_master.entry(master).or_default().push((key, show)),
+                    Some(master) => {
+                        by_master
+                            .entry(master)
+                            .or_default()
+                            .push((key, show, handed_over))
+                    }
                     None => self.due_at(&show, Instant::now()),
                 }
             }
@@ -67,7 +72,7 @@ impl Sweeper {
                             conns.entry(master.to_owned()).or_insert(conn)
                         }
                     };
-                    let keys: Vec<&str> = found.iter().map(|(key, _)| key.as_str()).collect();
+                    let keys: Vec<&str> = found.iter().map(|(key, ..)| key.as_str()).collect();
                     earliest(conn, &keys).await
                 };
                 let answer = crate::cluster::Deadline::after(self.cluster.timeout())
@@ -75,20 +80,23 @@ impl Sweeper {
                     .await;
                 match answer {
                     Ok((now_ms, earliest)) => {
-                        for ((_, show), at) in found.iter().zip(earliest) {
+                        for ((_, show, handed_over), at) in found.iter().zip(earliest) {
                             // Due once Redis's clock is past it, as in
                             // sweep.lua; a later one is another hold's, whose
                             // own instance sweeps it (or whose record's
-                            // expiry is heard in turn).
-                            if at.is_some_and(|at| (at as u64) < now_ms) {
-                                self.due_at(show, Instant::now());
+                            // expiry is heard in turn), unless that instance
+                            // stopped and handed the show over.
+                            match at.map(|at| at as u64) {
+                                Some(at) if at < now_ms => self.due_at(show, Instant::now()),
+                                Some(at) if *handed_over => self.schedule(show, at - now_ms),
+                                _ => {}
                             }
                         }
                     }
                     Err(err) => {
                         tracing::debug!(%master, error = %err, "reading deadlines of notified shows failed; sweeping them");
                         conns.remove(master);
-                        for (_, show) in &found {
+                        for (_, show, _) in &found {
                             self.due_at(show, Instant::now());
                         }
                     }

@@ -28,7 +28,7 @@
 //! that other instances' holds make due (scans of the masters, reads after
 //! Redis's expiry notifications).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -51,6 +51,9 @@ use due::{Due, PauseChange, Swept, PAUSE_FIRST, PAUSE_MAX};
 /// ms late rather than early, as the local clock and Redis's may differ by
 /// a round trip, and Redis counts a hold due only after its expiry ms.
 const LATE_MS: u64 = 5;
+
+/// Most shows named in one handover message.
+const HANDOVER_CHUNK: usize = 1_000;
 
 /// Most holds one sweep expires (the next sweep follows at once).
 const BATCH: usize = 200;
@@ -81,9 +84,12 @@ pub struct Sweeper {
     wake: Notify,
     /// Asks for a scan of the masters now (see [`Sweeper::rescan`]).
     rescan: Notify,
-    /// Shows whose hold records Redis said expired, to read the earliest
-    /// deadline of ([`Sweeper::check_notified`]).
-    notified: Mutex<HashSet<ShowId>>,
+    /// Shows whose hold records Redis said expired (false), or that a
+    /// stopping instance handed over (true), to read the earliest deadline
+    /// of ([`Sweeper::check_notified`]): a notified show is swept when its
+    /// earliest deadline has passed, a show handed over also scheduled for
+    /// a later one.
+    notified: Mutex<HashMap<ShowId, bool>>,
     check: Notify,
     /// The pause between periodic scans.
     scan_every: Duration,
@@ -125,7 +131,7 @@ impl Sweeper {
             due: Mutex::new(Due::default()),
             wake: Notify::new(),
             rescan: Notify::new(),
-            notified: Mutex::new(HashSet::new()),
+            notified: Mutex::new(HashMap::new()),
             check: Notify::new(),
             scan_every,
             instance: uuid::Uuid::new_v4().to_string(),
@@ -191,16 +197,69 @@ impl Sweeper {
                 return;
             }
         }
+        self.notify(show, false);
+    }
+
+    /// A show whose earliest deadline is worth reading now
+    /// ([`Sweeper::check_notified`]).
+    fn notify(&self, show: ShowId, handed_over: bool) {
         let first = {
             let mut notified = self
                 .notified
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            notified.insert(show);
+            *notified.entry(show).or_default() |= handed_over;
             notified.len() == 1
         };
         if first {
             self.check.notify_one();
+        }
+    }
+
+    /// At shutdown: names every show this instance would have swept on
+    /// [`KeySpace::handover_channel`], where the other instances hear it
+    /// ([`Sweeper::take_over`]) and sweep those shows on time. Without it
+    /// they learn of this instance's holds from Redis's expiry
+    /// notifications, seconds late on masters with many keys that have a
+    /// TTL, or from the periodic scan. Best effort: a crashed instance
+    /// hands nothing over.
+    pub async fn hand_over(&self) {
+        let shows = self.lock().shows();
+        if shows.is_empty() {
+            return;
+        }
+        let channel = self.keys.handover_channel();
+        let publish = async {
+            let mut conn = self.cluster.conn()?;
+            for chunk in shows.chunks(HANDOVER_CHUNK) {
+                let names: Vec<&str> = chunk.iter().map(ShowId::as_str).collect();
+                let () = redis::cmd("PUBLISH")
+                    .arg(&channel)
+                    .arg(names.join("\n"))
+                    .query_async(&mut conn)
+                    .await?;
+            }
+            Ok::<_, crate::error::Error>(())
+        };
+        match crate::cluster::Deadline::after(self.cluster.timeout())
+            .within(publish)
+            .await
+        {
+            Ok(()) => tracing::info!(
+                shows = shows.len(),
+                "handed the shows this instance sweeps over to the other instances"
+            ),
+            Err(err) => tracing::warn!(shows = shows.len(), error = %err,
+                "could not hand the shows this instance sweeps over; other instances find their expiries from Redis's notifications or the periodic scan"),
+        }
+    }
+
+    /// Another instance stopped and named the shows it swept (`payload`,
+    /// one per line): their earliest deadlines are read and scheduled, as
+    /// after an expiry notification.
+    pub fn take_over(&self, payload: &str) {
+        for show in payload.lines().filter_map(|s| ShowId::parse(s).ok()) {
+            self.notify(show, true);
         }
     }
 
