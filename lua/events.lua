@@ -2,14 +2,16 @@
 -- events.lua: read a show's events after a cursor. Read-only.
 --
 -- KEYS[1]  the show's event stream
--- ARGV[1]  cursor: the last id the reader has ("0-0" for everything still
---          kept, never 410; "$" for nothing but the newest id)
+-- ARGV[1]  cursor: the last id the reader has ("0-0": before every entry,
+--          see ARGV[6]; "$" for nothing but the newest id)
 -- ARGV[2]  most entries to answer
 -- ARGV[3]  "1" when the cursor is an event the reader had from this stream
 --          (Last-Event-ID, a show reader's own position), "0" when it is a
 --          position (?after=, possibly made from a time)
 -- ARGV[4]  the streams' length cap (--events-max-len)
 -- ARGV[5]  "1" to answer also the entry before a position (see below)
+-- ARGV[6]  "1" when the reader sent no cursor: "0-0" then means everything
+--          still kept, never 410
 --
 -- Returns {1, entries, newest, before, added} with up to ARGV[2] entries
 -- after the cursor, as XRANGE answers them; the id of the newest entry kept
@@ -38,8 +40,11 @@
 --   reader can see stays until trimmed: the scripts XDEL only entries they
 --   wrote in the same run.
 -- A position (ARGV[3] = "0") before the first entry of a stream that was
--- never trimmed is resumed (everything kept follows it), and "0-0" is
--- always: everything kept.
+-- never trimmed is resumed (everything kept follows it). So is "0-0" sent
+-- as a cursor, by a reader or as a Last-Event-ID (an empty stream answers
+-- it as its position): 410 once the stream was trimmed, as entries after it
+-- went. Only a reader that sent no cursor (ARGV[6] = "1") gets everything
+-- kept, always.
 local function older(a, b)
   local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
   local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
@@ -64,7 +69,11 @@ end
 if cursor == '$' then
   return {1, {}, newest, '', added}
 end
-if cursor ~= '0-0' then
+if cursor == '0-0' then
+  if ARGV[6] ~= '1' and first and added > length and length >= tonumber(ARGV[4]) then
+    return {0}
+  end
+else
   if not first then
     -- Every entry deleted (XDEL of entries no reader saw): an event a
     -- reader had is gone.

@@ -58,24 +58,51 @@ impl Api {
         body
     }
 
+    /// `method path` with one header; status and JSON body.
+    async fn call_with_header(
+        &self,
+        method: &str,
+        path: &str,
+        header: (&str, &str),
+    ) -> (u16, Value) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let resp = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .header(header.0, header.1)
+            .send()
+            .await
+            .expect("request");
+        let status = resp.status().as_u16();
+        (
+            status,
+            common::lenient_json(&resp.bytes().await.expect("body")),
+        )
+    }
+
     /// One page of the polling form.
     async fn page(&self, show: &str, query: &str) -> (u16, Value) {
         self.call("GET", &format!("/v1/shows/{show}/events?{query}"), None)
             .await
     }
 
-    /// Every event of `show` still kept, paged with `limit=1000`.
+    /// Every event of `show` still kept, paged with `limit=1000` (the
+    /// first page with no cursor: everything kept).
     async fn all_events(&self, show: &str) -> Vec<Value> {
         let mut all = Vec::new();
-        let mut after = "0-0".to_owned();
+        let mut after: Option<String> = None;
         loop {
-            let (status, page) = self.page(show, &format!("after={after}&limit=1000")).await;
+            let query = match &after {
+                None => "limit=1000".to_owned(),
+                Some(after) => format!("after={after}&limit=1000"),
+            };
+            let (status, page) = self.page(show, &query).await;
             assert_eq!(status, 200, "{page}");
             let events = page["events"].as_array().expect("events").clone();
             if events.is_empty() {
                 return all;
             }
-            after = page["next"].as_str().expect("next").to_owned();
+            after = Some(page["next"].as_str().expect("next").to_owned());
             all.extend(events);
         }
     }
@@ -1734,8 +1761,60 @@ async fn cursor_older_than_the_stream_is_410() {
         sub.expect("subscribed").take(kept.len() - 1).await.len(),
         kept.len() - 1
     );
-    // "0-0" means "whatever is kept": never 410.
-    assert_eq!(api.page(&sh, "after=0-0").await.0, 200);
+    // No cursor means "whatever is kept": never 410.
+    let (status, page) = api.page(&sh, "limit=1000").await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["events"].as_array().map(Vec::len), Some(kept.len()));
+}
+
+/// The position an empty stream answers (`"next":"0-0"`, an SSE stream's
+/// opening `id: 0-0`) is 410 once the stream was trimmed, as `?after=`,
+/// as `Last-Event-ID` and over SSE: entries after it went. Before, 0-0 was
+/// always "everything kept", and a poller or EventSource that came back
+/// with it after a trim silently missed the events trimmed away (a
+/// reviewer's find). A stream not trimmed still resumes from 0-0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_streams_position_is_410_once_trimmed() {
+    let _shared = common::shared().await;
+    let d = Daemon::start(&["--events-max-len", "100"]).await;
+    let api = Api::new(&d.base);
+    let sh = show("trim-0");
+    let (status, empty) = api.page(&sh, "").await;
+    assert_eq!((status, empty), (200, json!({"events": [], "next": "0-0"})));
+    let (status, sub) = sse(&d.base, &sh, "", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(sub.expect("subscribed").start, "0-0");
+
+    let untrimmed = show("trim-0-kept");
+    holds(&api, &untrimmed, "K", 5, LONG_TTL).await;
+    holds(&api, &sh, "T", 400, LONG_TTL).await;
+    assert!(
+        api.all_events(&sh).await.len() <= 200,
+        "the stream was trimmed"
+    );
+
+    let (status, body) = api.page(&sh, "after=0-0").await;
+    common::assert_error(status, &body, 410, "events_expired");
+    let (status, body) = api
+        .call_with_header(
+            "GET",
+            &format!("/v1/shows/{sh}/events"),
+            ("last-event-id", "0-0"),
+        )
+        .await;
+    common::assert_error(status, &body, 410, "events_expired");
+    for (query, header) in [("", Some("0-0")), ("?after=0-0", None)] {
+        let (status, sub) = sse(&d.base, &sh, query, header).await;
+        assert_eq!(status, 410, "SSE from 0-0 ({query:?}, {header:?})");
+        assert!(sub.is_none());
+    }
+
+    let (status, page) = api.page(&untrimmed, "after=0-0").await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["events"].as_array().map(Vec::len), Some(5));
+    let (status, sub) = sse(&d.base, &untrimmed, "", Some("0-0")).await;
+    assert_eq!(status, 200);
+    assert_eq!(sub.expect("subscribed").take(5).await.len(), 5);
 }
 
 /// A stream opens with its start position as an event id of no event

@@ -210,6 +210,10 @@ pub enum Cursor {
     /// the transitions the reader saw up to it were undone).
     Resume(EventId),
     Newest,
+    /// Everything the stream keeps, never 410: a poll that sent no cursor.
+    /// (0-0 sent as a cursor is a position before every entry, 410 once
+    /// the stream was trimmed: an empty stream answers it as its position.)
+    Start,
 }
 
 /// What [`read`] read.
@@ -273,14 +277,17 @@ pub async fn read(
         Cursor::After(id) => (id.to_string(), "0"),
         Cursor::Resume(id) => (id.to_string(), "1"),
         Cursor::Newest => ("$".to_owned(), "0"),
+        Cursor::Start => ("0-0".to_owned(), "0"),
     };
+    let everything = matches!(cursor, Cursor::Start);
     let reply: Vec<Value> = cluster
         .eval(deadline, &cluster.scripts().events, &stream, |c| {
             c.arg(&from)
                 .arg(span.limit)
                 .arg(exact)
                 .arg(span.max_len)
-                .arg(if span.before { "1" } else { "0" });
+                .arg(if span.before { "1" } else { "0" })
+                .arg(if everything { "1" } else { "0" });
         })
         .await?;
     match reply.as_slice() {

@@ -78,6 +78,7 @@ pub async fn subscribe(
     let newest = first.newest;
     let start = match cursor {
         Cursor::After(id) | Cursor::Resume(id) => id,
+        Cursor::Start => EventId::ZERO,
         Cursor::Newest => newest,
     };
     // The id the opening frame announces, which a client whose connection

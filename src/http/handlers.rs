@@ -422,7 +422,7 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
         headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
         return Ok(resp);
     }
-    let cursor = cursor.unwrap_or(Cursor::After(EventId::ZERO));
+    let cursor = cursor.unwrap_or(Cursor::Start);
     let span = crate::events::Span::new(limit, events.hub.max_len());
     let read = read(cluster, keys, &req.deadline(), &show, cursor, span).await?;
     // Past the last entry read, an event or not: a page of entries that
