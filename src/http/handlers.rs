@@ -387,9 +387,10 @@ async fn events(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
     let wants_stream = req
         .head
         .headers
-        .get(hyper::header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("text/event-stream"));
+        .get_all(hyper::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(accepts_event_stream);
     let cluster = req.app.service.cluster();
     let keys = req.app.service.keys();
     if wants_stream {
@@ -481,4 +482,48 @@ async fn settings(req: &Req<'_>, show: ShowId) -> Result<Resp, Error> {
     let max = body::count(&body.max_per_holder, "maxPerHolder", 0)?;
     let settings = req.service().settings(&req.deadline(), &show, max).await?;
     Ok(json(StatusCode::OK, &settings))
+}
+
+/// Whether an `Accept` value names `text/event-stream` (media types are
+/// case-insensitive) with a weight above 0 (`;q=0` means "not this").
+fn accepts_event_stream(accept: &str) -> bool {
+    accept.split(',').any(|range| {
+        let mut parts = range.split(';');
+        let media = parts.next().unwrap_or_default().trim();
+        media.eq_ignore_ascii_case("text/event-stream")
+            && !parts.any(|param| {
+                let (name, value) = param.split_once('=').unwrap_or((param, ""));
+                name.trim().eq_ignore_ascii_case("q")
+                    && value.trim().parse::<f32>().is_ok_and(|q| q <= 0.0)
+            })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::accepts_event_stream;
+
+    #[test]
+    fn event_streams_are_asked_for_in_any_case_and_not_with_weight_zero() {
+        for yes in [
+            "text/event-stream",
+            "TEXT/EVENT-STREAM",
+            "application/json, text/event-stream;q=0.5",
+            "text/event-stream; charset=utf-8",
+            " text/event-stream ;q=1",
+        ] {
+            assert!(accepts_event_stream(yes), "{yes}");
+        }
+        for no in [
+            "",
+            "*/*",
+            "application/json",
+            "text/event-stream;q=0",
+            "text/event-stream; q=0.0",
+            "text/event-streams",
+            "application/json;x=\"text/event-stream\"",
+        ] {
+            assert!(!accepts_event_stream(no), "{no}");
+        }
+    }
 }
