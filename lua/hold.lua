@@ -245,13 +245,23 @@ end
 
 -- Writes the `held` event of every show; answers the stream ids and the
 -- time and fence they give. Several shows get one id, the largest, so that
--- every show's later ids (and fences) exceed this hold's.
-local function add_events()
+-- every show's later ids (and fences) exceed this hold's. `expiry`: the
+-- hold's expiry when its time came from TIME (pools, holder) rather than
+-- from the id, which may be a millisecond or more later: the event then
+-- carries it (`x`), as the id's time plus the TTL would not be the hold's.
+local function add_events(expiry)
   local ids, top = {}, nil
+  local function fields(i)
+    local f = {'t', 'held', 'r', ARGV[10], 's', ARGV[ia + i - 1], 'l', ARGV[2]}
+    if expiry then
+      f[#f + 1] = 'x'
+      f[#f + 1] = expiry
+    end
+    return unpack(f)
+  end
   for i = 1, E do
     local stream = KEYS[ek + 2 * i - 1]
-    local id = redis.call('XADD', stream, 'MAXLEN', '~', ARGV[9], '*',
-      't', 'held', 'r', ARGV[10], 's', ARGV[ia + i - 1], 'l', ARGV[2])
+    local id = redis.call('XADD', stream, 'MAXLEN', '~', ARGV[9], '*', fields(i))
     local ms, seq = string.match(id, '^(%d+)-(%d+)$')
     ms, seq = tonumber(ms), tonumber(seq)
     -- More than 999 events of one show in one millisecond (or a clock that
@@ -259,7 +269,7 @@ local function add_events()
     if seq > 999 then
       redis.call('XDEL', stream, id)
       ms, seq = ms + 1, 0
-      id = redis.call('XADD', stream, ms .. '-0', 't', 'held', 'r', ARGV[10], 's', ARGV[ia + i - 1], 'l', ARGV[2])
+      id = redis.call('XADD', stream, ms .. '-0', fields(i))
     end
     ids[i] = {stream, id, ms, seq}
     if not top or ms > top[3] or (ms == top[3] and seq > top[4]) then top = ids[i] end
@@ -268,7 +278,7 @@ local function add_events()
     local e = ids[i]
     if e[2] ~= top[2] then
       redis.call('XDEL', e[1], e[2])
-      redis.call('XADD', e[1], top[2], 't', 'held', 'r', ARGV[10], 's', ARGV[ia + i - 1], 'l', ARGV[2])
+      redis.call('XADD', e[1], top[2], fields(i))
       e[2] = top[2]
     end
   end
@@ -357,7 +367,7 @@ end
 -- (created = now, for the lifetime cap) and gives every key one expiry.
 local ids, fence, id_now
 if E > 0 then
-  ids, id_now, fence = add_events()
+  ids, id_now, fence = add_events(now and string.format('%d', now + ttl))
   now = now or id_now
 else
   now = now or (redis.call('PEXPIRETIME', KEYS[first]) - ttl)

@@ -150,11 +150,16 @@ impl Event {
         // come from its id: the script could not know the id before it
         // wrote the entry.
         let (fence, expires_ms) = match kind.as_str() {
+            // Its expiry is the id's time plus the TTL, or `x` when the
+            // hold's time came from TIME rather than from the id (pools, a
+            // holder: lua/hold.lua).
             "held" => (
                 event_id.fence(),
-                get("l")
-                    .and_then(|l| l.parse::<i64>().ok())
-                    .map(|l| at_ms + l),
+                get("x").and_then(|x| x.parse::<i64>().ok()).or_else(|| {
+                    get("l")
+                        .and_then(|l| l.parse::<i64>().ok())
+                        .map(|l| at_ms + l)
+                }),
             ),
             // A change's new fence is its event's id too (lua/modify.lua).
             "modified" => (
