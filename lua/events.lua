@@ -2,13 +2,16 @@
 -- events.lua: read a show's events after a cursor. Read-only.
 --
 -- KEYS[1]  the show's event stream
+-- KEYS[2]  how many entries the scripts deleted from it themselves
+--          (hold.lua's xdel)
 -- ARGV[1]  cursor: the last id the reader has ("0-0": before every entry,
 --          see ARGV[6]; "$" for nothing but the newest id)
 -- ARGV[2]  most entries to answer
 -- ARGV[3]  "1" when the cursor is an event the reader had from this stream
 --          (Last-Event-ID, a show reader's own position), "0" when it is a
 --          position (?after=, possibly made from a time)
--- ARGV[4]  the streams' length cap (--events-max-len)
+-- ARGV[4]  the streams' length cap (--events-max-len; not used since a
+--          trim is told by KEYS[2], whatever cap trimmed the stream)
 -- ARGV[5]  "1" to answer also the entry before a position (see below)
 -- ARGV[6]  "1" when the reader sent no cursor: "0-0" then means everything
 --          still kept, never 410
@@ -28,10 +31,12 @@
 --   Whether it was trimmed: XINFO's entries-added above its length says
 --   that entries went, but so do the scripts' own XDELs (an event
 --   rewritten under another id, or undone in the run that wrote it), which
---   lost nothing, and max-deleted-entry-id is moved by those XDELs, not by
---   trimming. But trimming (XADD MAXLEN ~) never leaves fewer entries than
---   the cap, and no script run leaves fewer than it found: a stream below
---   the cap was never trimmed. (An XTRIM or XDEL by hand breaks that.)
+--   lost nothing; the scripts count those in KEYS[2], so entries gone
+--   beyond that count were trimmed. (Before that count, a stream below the
+--   reader's own cap counted as never trimmed, which a stream trimmed under
+--   a smaller cap is not. A stream whose scripts deleted entries before
+--   they were counted counts as trimmed: 410, needlessly but safely. An
+--   XDEL by hand counts as a trim too.)
 -- - An event the reader had (ARGV[3] = "1") that the stream no longer
 --   has: a failover lost it (the replica promoted never had it, nor the
 --   transitions before it that a seat map already shows), or the stream
@@ -66,11 +71,15 @@ for i = 1, #info, 2 do
   elseif k == 'last-entry' and type(v) == 'table' then newest = v[1]
   end
 end
+-- Whether entries went that the scripts did not delete themselves.
+local function trimmed()
+  return added - length > (tonumber(redis.call('GET', KEYS[2])) or 0)
+end
 if cursor == '$' then
   return {1, {}, newest, '', added}
 end
 if cursor == '0-0' then
-  if ARGV[6] ~= '1' and first and added > length and length >= tonumber(ARGV[4]) then
+  if ARGV[6] ~= '1' and first and trimmed() then
     return {0}
   end
 else
@@ -79,7 +88,7 @@ else
     -- reader had is gone.
     if exact then return {0} end
   elseif older(cursor, first) then
-    if exact or (added > length and length >= tonumber(ARGV[4])) then return {0} end
+    if exact or trimmed() then return {0} end
   elseif exact and #redis.call('XRANGE', KEYS[1], cursor, cursor) == 0 then
     return {0}
   end

@@ -108,6 +108,7 @@ if #ARGV < 14 then
       if #seq > 3 then
         -- as in add_events below: the next millisecond, sequence 0
         redis.call('XDEL', stream, id)
+        redis.call('INCRBY', stream .. '-deleted', 1)
         ms, seq = string.format('%d', ms + 1), '0'
         id = redis.call('XADD', stream, ms .. '-0', 't', 'held', 'r', ARGV[5], 's', ARGV[6], 'l', ttl)
       end
@@ -121,7 +122,10 @@ if #ARGV < 14 then
     local at = string.format('%d', created + ttl)
     if not redis.call('SET', KEYS[1], fence .. ' ' .. created .. ' ' .. ARGV[4], 'NX', 'PXAT', at) then
       redis.call('DEL', seat)
-      if id then redis.call('XDEL', stream, id) end
+      if id then
+        redis.call('XDEL', stream, id)
+        redis.call('INCRBY', stream .. '-deleted', 1)
+      end
       return {-4}
     end
     if on then
@@ -153,6 +157,14 @@ end
 -- ttl is a number for arithmetic; Redis gets ARGV[2], the same digits,
 -- which need no printing (see the comment above).
 local token, ttl = ARGV[1], tonumber(ARGV[2])
+
+-- Deletes an entry this run wrote to `stream`, and counts it in the
+-- stream's `-deleted` counter: events.lua tells a trimmed stream (entries
+-- a reader may have missed) from one that lost only such entries by it.
+local function xdel(stream, id)
+  redis.call('XDEL', stream, id)
+  redis.call('INCRBY', stream .. '-deleted', 1)
+end
 local F, E = tonumber(ARGV[3]), tonumber(ARGV[8])
 local S, P, H = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local first = 2 + F
@@ -267,7 +279,7 @@ local function add_events(expiry)
     -- More than 999 events of one show in one millisecond (or a clock that
     -- went back) would break ms x 1000 + sequence: move to the next ms.
     if seq > 999 then
-      redis.call('XDEL', stream, id)
+      xdel(stream, id)
       ms, seq = ms + 1, 0
       id = redis.call('XADD', stream, ms .. '-0', fields(i))
     end
@@ -277,7 +289,7 @@ local function add_events(expiry)
   for i = 1, E do
     local e = ids[i]
     if e[2] ~= top[2] then
-      redis.call('XDEL', e[1], e[2])
+      xdel(e[1], e[2])
       redis.call('XADD', e[1], top[2], fields(i))
       e[2] = top[2]
     end
@@ -382,7 +394,7 @@ local at = string.format('%d', now + ttl)
 
 local function undo_all(upto)
   undo(upto)
-  for i = 1, E do redis.call('XDEL', ids[i][1], ids[i][2]) end
+  for i = 1, E do xdel(ids[i][1], ids[i][2]) end
 end
 
 for i = first + 1, last do

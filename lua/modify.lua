@@ -184,6 +184,8 @@ if E == 1 then
   -- would reach the next millisecond's fences; move to the next ms.
   if seq > 999 then
     redis.call('XDEL', stream, id)
+    -- counted for events.lua (see hold.lua's xdel)
+    redis.call('INCRBY', stream .. '-deleted', 1)
     ms, seq = ms + 1, 0
     redis.call('XADD', stream, ms .. '-0', 't', 'modified', 'r', ARGV[3], 's', ARGV[15], 'x', at)
   end

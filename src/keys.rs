@@ -154,6 +154,13 @@ impl KeySpace {
         self.show_key(show.as_ref(), "events")
     }
 
+    /// `<prefix>{show:<show>}#events-deleted`: how many entries the scripts
+    /// deleted from the show's event stream themselves (an event rewritten
+    /// under another id, or undone), so that a trim is told from those.
+    pub fn events_deleted(&self, show: &(impl AsRef<str> + ?Sized)) -> String {
+        self.show_key(show.as_ref(), "events-deleted")
+    }
+
     /// `<prefix>{show:<show>}#deadlines`: the show's deadline index, a
     /// sorted set of its live holds scored with their expiry.
     pub fn deadlines(&self, show: &(impl AsRef<str> + ?Sized)) -> String {

@@ -1767,6 +1767,41 @@ async fn cursor_older_than_the_stream_is_410() {
     assert_eq!(page["events"].as_array().map(Vec::len), Some(kept.len()));
 }
 
+/// Whether a stream was trimmed does not depend on the reader's
+/// `--events-max-len`: a stream trimmed by an instance with a small cap is
+/// 410 for a cursor before its first entry when read through an instance
+/// with a larger one (an operator raised the cap, or instances run with
+/// different caps during a rollout). Before, a stream shorter than the
+/// reader's cap counted as never trimmed, and such a cursor silently
+/// skipped the trimmed events (a reviewer's find).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_trimmed_under_a_smaller_cap_is_410_under_a_larger_one() {
+    let _shared = common::shared().await;
+    let small = Daemon::start(&["--events-max-len", "100"]).await;
+    let large = Daemon::start(&["--events-max-len", "10000"]).await;
+    let sh = show("trim-cap");
+    let made = holds(&Api::new(&small.base), &sh, "T", 400, LONG_TTL).await;
+    let api = Api::new(&large.base);
+    let kept = api.all_events(&sh).await;
+    assert!((100..=200).contains(&kept.len()), "{} kept", kept.len());
+    let oldest = id_of_fence(fence(&made[0]));
+    let (status, body) = api.page(&sh, &format!("after={oldest}")).await;
+    common::assert_error(status, &body, 410, "events_expired");
+    let (status, sub) = sse(&large.base, &sh, &format!("?after={oldest}"), None).await;
+    assert_eq!(status, 410);
+    assert!(sub.is_none());
+    // A cursor the stream still covers is not 410.
+    let first_kept = kept[0]["id"].as_str().expect("id");
+    let (status, page) = api
+        .page(&sh, &format!("after={first_kept}&limit=1000"))
+        .await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(
+        page["events"].as_array().map(Vec::len),
+        Some(kept.len() - 1)
+    );
+}
+
 /// The position an empty stream answers (`"next":"0-0"`, an SSE stream's
 /// opening `id: 0-0`) is 410 once the stream was trimmed, as `?after=`,
 /// as `Last-Event-ID` and over SSE: entries after it went. Before, 0-0 was

@@ -277,7 +277,7 @@ pub async fn read(
     cursor: Cursor,
     span: Span,
 ) -> Result<Read, Error> {
-    let stream = [keys.events(show)];
+    let stream = [keys.events(show), keys.events_deleted(show)];
     let (from, exact) = match cursor {
         Cursor::After(id) => (id.to_string(), "0"),
         Cursor::Resume(id) => (id.to_string(), "1"),
