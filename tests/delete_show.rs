@@ -380,3 +380,50 @@ async fn a_view_forgets_the_sold_seats_of_a_deleted_show() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
+
+/// The same when the deleted show's new stream soon has more entries than
+/// the old one had (four holds right after the deletion, the reader's
+/// periodic check a while before): the reader finds the new stream's first
+/// entry past its position in the reply that moves into it. Before, it
+/// noticed a deleted stream only by a check that ran every second and
+/// compared entries-added, which the new stream had already passed, and E7
+/// stayed sold in the view (more than 3 s in a review).
+#[tokio::test]
+async fn a_view_forgets_a_deleted_show_begun_again_by_more_holds() {
+    let _guard = common::shared().await;
+    let s = server_with(seathold::config::Options {
+        view_min_rate: 0,
+        ..options()
+    })
+    .await;
+    let sh = show("reused-more");
+    let token = hold(&s, &sh, &["E7"]).await;
+    let (status, body) = s.confirm(&sh, &token).await;
+    assert_eq!(status, 200, "{body}");
+    let path = format!("/v1/shows/{sh}/seats/E7/hold");
+    let started = std::time::Instant::now();
+    while started.elapsed() < std::time::Duration::from_millis(2500) {
+        let (status, body) = s.post(&path, json!({"ttlMs": 60000})).await;
+        assert_eq!(status, 409, "{body}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let (code, out) = delete_show(&[&sh]);
+    assert_eq!(code, Some(0), "{out}");
+    for seat in ["X0", "X1", "X2", "X3"] {
+        hold(&s, &sh, &[seat]).await;
+    }
+    let deleted = std::time::Instant::now();
+    loop {
+        let (status, body) = s.post(&path, json!({"ttlMs": 60000})).await;
+        if status == 201 {
+            break;
+        }
+        assert_eq!(status, 409, "{body}");
+        assert!(
+            deleted.elapsed() < std::time::Duration::from_secs(3),
+            "E7 of the deleted show still refused {:?} after: {body}",
+            deleted.elapsed()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

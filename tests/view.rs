@@ -286,6 +286,64 @@ async fn a_view_that_missed_trimmed_events_forgets_them() {
     assert_eq!(status, 201, "E7 is free in Redis: {body}");
 }
 
+/// The same when the stream is trimmed by a writer with a smaller cap
+/// than this instance's (`--events-max-len` differs between instances, as
+/// while it is changed): the reader finds the gap whatever cap trimmed
+/// the stream. Before, it looked for one only when a reply held at least
+/// its own cap's worth of entries (up to 1,024), so a reply after a trim
+/// to a smaller cap passed unchecked, and the view refused E7, released
+/// and free in Redis, for the rest of its hold's TTL (a reviewer's find).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_finds_events_trimmed_under_a_smaller_cap() {
+    let _lock = exclusive().await;
+    let a = server_with(with_view()).await;
+    let sh = show("trimmed-small");
+    start_view(&a, &sh).await;
+    let token = held(&a, &sh, "E7", None).await;
+    wait_view(&a, &sh, "E7").await;
+    let gaps = series(&a.metrics().await, "seathold_event_reader_gaps_total");
+
+    let ks = seathold::keys::KeySpace::new("seat-hold:");
+    let mut r = redis().await;
+    let _: () = redis::cmd("EVAL")
+        .arg(
+            "redis.call('DEL', KEYS[2], KEYS[3]) \
+             redis.call('XADD', KEYS[1], 'MAXLEN', '~', '1', '*', 't', 'released', \
+               'r', ARGV[1], 's', 'E7') \
+             for i = 1, 300 do \
+               redis.call('XADD', KEYS[1], 'MAXLEN', '~', '1', '*', 't', 'held', \
+                 'r', '00000000000000ff', 's', 'Z' .. i, 'l', '600000') \
+             end",
+        )
+        .arg(3)
+        .arg(ks.events(&sh))
+        .arg(ks.seat(&sh, "E7"))
+        .arg(ks.hold_record(&sh, &token))
+        .arg("0123456789abcdef")
+        .query_async(&mut r)
+        .await
+        .expect("EVAL");
+    let kept: usize = redis::cmd("XLEN")
+        .arg(ks.events(&sh))
+        .query_async(&mut r)
+        .await
+        .expect("XLEN");
+    assert!(
+        kept < 1_024,
+        "a reply after the trim is short: {kept} entries kept"
+    );
+
+    eventually(
+        Duration::from_secs(5),
+        "the reader to find the gap",
+        || async { series(&a.metrics().await, "seathold_event_reader_gaps_total") > gaps },
+    )
+    .await;
+    wait_view(&a, &sh, "Z300").await;
+    let (status, body) = hold_one(&a, &sh, "E7", None).await;
+    assert_eq!(status, 201, "E7 is free in Redis: {body}");
+}
+
 /// 2. The view never grants. With one seat it knows free (held and
 ///    released) and one it knows held, a hold of both is refused, naming
 ///    only the held one; a hold of free seats is granted, by Redis (its

@@ -282,18 +282,42 @@ impl Hub {
             // not when it is handled: a reply that waited (a stalled
             // process, a busy machine) says nothing of what was written
             // meanwhile.
+            // Right behind it, the stream's first entry: trimming removes
+            // entries from the head only, so when the position is still at
+            // or after it, nothing after the position was trimmed away (a
+            // cheap check of every reply, whatever cap trimmed the stream).
+            let mut pipe = redis::pipe();
+            pipe.add_command(xread)
+                .cmd("XRANGE")
+                .arg(&stream)
+                .arg("-")
+                .arg("+")
+                .arg("COUNT")
+                .arg(1);
             let asked_at = mono_ms();
             let reply = tokio::select! {
-                reply = xread.query_async::<Value>(c) => reply,
+                reply = pipe.query_async::<(Value, Value)>(c) => reply,
                 _ = closed.wait_for(|c| *c) => {
                     retire(&mut self.lock());
                     return;
                 }
             };
             match reply {
-                Ok(reply) => {
+                Ok((reply, head)) => {
                     backoff = Duration::from_millis(50);
                     let count = entries(&reply).count();
+                    // The position is before the stream's first entry: the
+                    // entries after it may be gone (trimmed, by whatever cap,
+                    // or the stream deleted and begun again above it). A
+                    // position of 0-0 (a stream that was empty) always is.
+                    let head_past = from != EventId::ZERO
+                        && match &head {
+                            Value::Array(first) => first
+                                .first()
+                                .and_then(super::entry_id)
+                                .is_some_and(|first| first > from),
+                            _ => false,
+                        };
                     // XREAD after an id that was trimmed away answers from
                     // the oldest entry kept, silently: events written while
                     // this reader was cut off or behind (more than the cap)
@@ -310,7 +334,7 @@ impl Hub {
                     // has moved into it, was given fewer entries than the
                     // old one (entries-added only grows in one stream).
                     let due = mono_ms().saturating_sub(checked_at) >= CHECK_POSITION_MS;
-                    if resumed || due || count >= self.gap_possible_at() {
+                    if resumed || due || head_past || count >= self.gap_possible_at() {
                         checked_at = mono_ms();
                         let checked = self.lost_after(&show, from).await.map(|kept| {
                             let lost = kept.is_none_or(|now| now < added);
