@@ -20,13 +20,41 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = cmd.output().expect("run seathold");
+    // A configuration that should have been refused may start a daemon
+    // instead: it is stopped after 20 s (code None) rather than hanging
+    // the test.
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run seathold");
+    let read = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            let _ = pipe.read_to_end(&mut text);
+            String::from_utf8_lossy(&text).into_owned()
+        })
+    };
+    let stdout = read(Box::new(child.stdout.take().expect("piped stdout")));
+    let stderr = read(Box::new(child.stderr.take().expect("piped stderr")));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let code = loop {
+        if let Some(status) = child.try_wait().expect("wait for seathold") {
+            break status.code();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let text = format!(
         "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        stdout.join().unwrap_or_default(),
+        stderr.join().unwrap_or_default()
     );
-    (out.status.code(), text)
+    (code, text)
 }
 
 /// Arguments, environment, and a word the error message must contain.
@@ -169,7 +197,7 @@ fn bad_configuration_stops_start_up_with_a_clear_message() {
         (
             vec![
                 "--redis-nodes",
-                "redis://127.0.0.1:1",
+                "rediss://127.0.0.1:1",
                 "--redis-ca-file",
                 "/nonexistent/ca.pem",
                 "--listen",
@@ -470,4 +498,116 @@ fn a_bound_set_alone_lowers_the_defaults_it_contradicts() {
         .expect("a JSON hold");
     let left = body["expiresInMs"].as_i64().expect("expiresInMs");
     assert!((1..=3000).contains(&left), "{body}");
+}
+
+/// TLS files with a plain `redis://` seed are refused: the Redis client
+/// switches every connection to TLS once it has certificates, so the daemon
+/// spoke TLS to the plain ports and only ever timed out. And a TLS file that
+/// holds no certificate (or no key) is named with its flag: a CA file
+/// without one gave an empty trust store, every connection then failing
+/// with `UnknownIssuer`.
+#[test]
+fn tls_files_need_tls_seeds_and_pem_contents() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let pair =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("a certificate");
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        path.to_str().expect("utf-8 path").to_owned()
+    };
+    let cert = write("cert.pem", &pair.cert.pem());
+    let key = write("key.pem", &pair.signing_key.serialize_pem());
+    let junk = write("junk.pem", "not a PEM file\n");
+    let tls = "rediss://127.0.0.1:1";
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (
+            vec![
+                "--redis-nodes",
+                "redis://127.0.0.1:1",
+                "--redis-ca-file",
+                &cert,
+            ],
+            vec!["--redis-ca-file", "redis://127.0.0.1:1", "rediss://"],
+        ),
+        (
+            vec![
+                "--redis-nodes",
+                "rediss://127.0.0.1:1,redis://127.0.0.1:2",
+                "--redis-cert-file",
+                &cert,
+                "--redis-key-file",
+                &key,
+            ],
+            vec!["--redis-cert-file", "redis://127.0.0.1:2"],
+        ),
+        (
+            vec!["--redis-nodes", tls, "--redis-ca-file", &junk],
+            vec!["--redis-ca-file", &junk, "no PEM certificate"],
+        ),
+        (
+            vec!["--redis-nodes", tls, "--redis-ca-file", &key],
+            vec!["--redis-ca-file", &key, "no PEM certificate"],
+        ),
+        (
+            vec![
+                "--redis-nodes",
+                tls,
+                "--redis-cert-file",
+                &junk,
+                "--redis-key-file",
+                &key,
+            ],
+            vec!["--redis-cert-file", &junk, "no PEM certificate"],
+        ),
+        (
+            vec![
+                "--redis-nodes",
+                tls,
+                "--redis-cert-file",
+                &cert,
+                "--redis-key-file",
+                &cert,
+            ],
+            vec!["--redis-key-file", &cert, "no PEM private key"],
+        ),
+    ];
+    for (mut args, needles) in cases {
+        args.extend(["--listen", "127.0.0.1:0"]);
+        for sub in ["serve", "doctor"] {
+            let mut argv = vec![sub];
+            argv.extend(&args);
+            let (code, text) = run(&argv, &[]);
+            assert_eq!(code, Some(2), "{argv:?} should fail start-up:\n{text}");
+            for needle in &needles {
+                assert!(
+                    text.contains(needle),
+                    "{argv:?}: should name {needle:?}:\n{text}"
+                );
+            }
+            assert!(!text.contains("is not usable"), "{argv:?}:\n{text}");
+        }
+    }
+    // Good files with TLS seeds pass the checks (and the daemon starts,
+    // not ready, as nothing listens there).
+    let mut child = Command::new(env!("CARGO_BIN_EXE_seathold"))
+        .args(["--redis-nodes", tls, "--listen", "127.0.0.1:0"])
+        .args(["--redis-ca-file", &cert, "--redis-cert-file", &cert])
+        .args(["--redis-key-file", &key])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run seathold");
+    let lines = stderr_lines(&mut child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = String::new();
+    while !seen.contains("serving HTTP") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) => seen.push_str(&format!("{line}\n")),
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(seen.contains("serving HTTP"), "{seen}");
 }

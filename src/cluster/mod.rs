@@ -68,6 +68,10 @@ pub enum ConfigError {
     NoNodes,
     #[error("Redis node URL {url:?} is not usable: {reason}")]
     BadUrl { url: String, reason: String },
+    /// The client makes every connection TLS once it has certificates,
+    /// whatever the URL says: a plain port would never answer.
+    #[error("TLS certificates given, but the seed node {url} is a plain redis:// URL: give the nodes' TLS ports as rediss:// URLs, or no TLS files")]
+    PlainSeedWithTls { url: String },
 }
 
 /// What requests route by, under one lock so that a reader never sees a
@@ -126,6 +130,16 @@ impl Cluster {
             .iter()
             .map(|url| seed_info(url, opts))
             .collect::<Result<Vec<_>, _>>()?;
+        if opts.tls.is_some() {
+            let plain = opts
+                .nodes
+                .iter()
+                .zip(&infos)
+                .find(|(_, info)| !matches!(info.addr(), ConnectionAddr::TcpTls { .. }));
+            if let Some((url, _)) = plain {
+                return Err(ConfigError::PlainSeedWithTls { url: url.clone() });
+            }
+        }
         let node_template = infos[0].clone();
         let tls_seeds = matches!(node_template.addr(), ConnectionAddr::TcpTls { .. });
         let seed_addr = node_template.addr().to_string();
