@@ -488,6 +488,19 @@ impl Options {
         if self.api_token.as_deref().is_some_and(str::is_empty) {
             return fail("--api-token must not be empty".into());
         }
+        // What a client sends after `Bearer `: a token with a space, a
+        // control character (a secret file's trailing newline) or non-ASCII
+        // could never match, and every guarded route would answer 401.
+        if self
+            .api_token
+            .as_deref()
+            .is_some_and(|t| !t.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return fail(
+                "--api-token must be visible ASCII (0x21-0x7E): no spaces, tabs, newlines (check the secret for a trailing one) or other characters a client cannot send in `Authorization: Bearer <token>`"
+                    .into(),
+            );
+        }
         if self.max_body_bytes < 256 {
             return fail("--max-body-bytes must be at least 256".into());
         }

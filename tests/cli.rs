@@ -144,6 +144,53 @@ fn bad_configuration_stops_start_up_with_a_clear_message() {
             "--max-seats-per-hold",
         ),
         (&["--default-ttl-ms", "soon"], &[], "invalid value"),
+        // A token no client can send in `Authorization: Bearer` (a trailing
+        // newline from a secret file, a space, a control character,
+        // non-ASCII): every guarded route would answer 401 forever.
+        (
+            &["--listen", "127.0.0.1:0"],
+            &[
+                ("SEATHOLD_REDIS_NODES", "redis://127.0.0.1:1"),
+                ("SEATHOLD_API_TOKEN", "0123456789abcdef0123\n"),
+            ],
+            "--api-token must be visible ASCII",
+        ),
+        (
+            &[
+                "--redis-nodes",
+                "redis://127.0.0.1:1",
+                "--listen",
+                "127.0.0.1:0",
+                "--api-token",
+                " 0123456789abcdef0123",
+            ],
+            &[],
+            "--api-token must be visible ASCII",
+        ),
+        (
+            &[
+                "--redis-nodes",
+                "redis://127.0.0.1:1",
+                "--listen",
+                "127.0.0.1:0",
+                "--api-token",
+                "0123456789 abcdef\t0123",
+            ],
+            &[],
+            "--api-token must be visible ASCII",
+        ),
+        (
+            &[
+                "--redis-nodes",
+                "redis://127.0.0.1:1",
+                "--listen",
+                "127.0.0.1:0",
+                "--api-token",
+                "0123456789abcdéf0123",
+            ],
+            &[],
+            "--api-token must be visible ASCII",
+        ),
         (
             &[
                 "--redis-nodes",
