@@ -346,6 +346,16 @@ impl Default for Options {
     }
 }
 
+/// The ceiling of the hold and idempotency durations
+/// (`--default-ttl-ms`, `--max-ttl-ms`, `--max-hold-lifetime-ms`,
+/// `--idempotency-ttl-ms`): 10 years (of 365 days). Far past it the Lua
+/// scripts see numbers they format as floats (every hold answered 500 from
+/// about 1e17 ms) and expiries past the year 9999 have no RFC 3339 form.
+pub const MAX_DURATION_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
+
+/// The ceiling of `--events-max-len`.
+pub const MAX_EVENTS_MAX_LEN: u64 = 1_000_000_000;
+
 /// A contradiction in the configuration.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration: {0}")]
@@ -429,6 +439,39 @@ impl Options {
         let fail = |m: String| Err(ConfigError(m));
         if !crate::keys::valid_prefix(&self.key_prefix) {
             return fail(format!("--key-prefix {:?} must not contain braces: they would change every key's hash slot", self.key_prefix));
+        }
+        for (flag, value, ceiling, what) in [
+            (
+                "--default-ttl-ms",
+                self.default_ttl_ms,
+                MAX_DURATION_MS,
+                "10 years",
+            ),
+            ("--max-ttl-ms", self.max_ttl_ms, MAX_DURATION_MS, "10 years"),
+            (
+                "--max-hold-lifetime-ms",
+                self.max_hold_lifetime_ms,
+                MAX_DURATION_MS,
+                "10 years",
+            ),
+            (
+                "--idempotency-ttl-ms",
+                self.idempotency_ttl_ms,
+                MAX_DURATION_MS,
+                "10 years",
+            ),
+            (
+                "--events-max-len",
+                self.events_max_len,
+                MAX_EVENTS_MAX_LEN,
+                "a billion events",
+            ),
+        ] {
+            if value > ceiling {
+                return fail(format!(
+                    "{flag} ({value}) must be at most {ceiling} ({what})"
+                ));
+            }
         }
         if self.default_ttl_ms == 0 || self.default_ttl_ms > self.max_ttl_ms {
             return fail(format!(

@@ -144,6 +144,57 @@ fn bad_configuration_stops_start_up_with_a_clear_message() {
             "--max-seats-per-hold",
         ),
         (&["--default-ttl-ms", "soon"], &[], "invalid value"),
+        // Ceilings: from about 1e17 ms every hold answered 500 (Lua
+        // formats such numbers as floats), and expiries past the year 9999
+        // gave an empty expiresAt.
+        (
+            &[
+                "--redis-nodes",
+                "redis://127.0.0.1:1",
+                "--listen",
+                "127.0.0.1:0",
+                "--default-ttl-ms",
+                "315360000001",
+                "--max-ttl-ms",
+                "315360000001",
+                "--max-hold-lifetime-ms",
+                "315360000001",
+            ],
+            &[],
+            "--default-ttl-ms (315360000001) must be at most 315360000000",
+        ),
+        (
+            &[
+                "--redis-nodes",
+                "redis://127.0.0.1:1",
+                "--listen",
+                "127.0.0.1:0",
+                "--max-hold-lifetime-ms",
+                "18446744073709551615",
+            ],
+            &[],
+            "--max-hold-lifetime-ms (18446744073709551615) must be at most 315360000000",
+        ),
+        (
+            &["--listen", "127.0.0.1:0"],
+            &[
+                ("SEATHOLD_REDIS_NODES", "redis://127.0.0.1:1"),
+                ("SEATHOLD_IDEMPOTENCY_TTL_MS", "100000000000000000"),
+            ],
+            "--idempotency-ttl-ms (100000000000000000) must be at most 315360000000",
+        ),
+        (
+            &[
+                "--redis-nodes",
+                "redis://127.0.0.1:1",
+                "--listen",
+                "127.0.0.1:0",
+                "--events-max-len",
+                "1000000001",
+            ],
+            &[],
+            "--events-max-len (1000000001) must be at most 1000000000",
+        ),
         // A token no client can send in `Authorization: Bearer` (a trailing
         // newline from a secret file, a space, a control character,
         // non-ASCII): every guarded route would answer 401 forever.
