@@ -144,6 +144,25 @@ fn bad_configuration_stops_start_up_with_a_clear_message() {
             "--max-seats-per-hold",
         ),
         (&["--default-ttl-ms", "soon"], &[], "invalid value"),
+        // A user name without a password: the Redis client sends AUTH only
+        // with a password, so the daemon ran as `default`, silently.
+        (
+            &[
+                "--redis-nodes",
+                "redis://127.0.0.1:1",
+                "--listen",
+                "127.0.0.1:0",
+                "--redis-username",
+                "seathold",
+            ],
+            &[],
+            "--redis-username needs a password; for a nopass ACL user give any --redis-password",
+        ),
+        (
+            &["--listen", "127.0.0.1:0"],
+            &[("SEATHOLD_REDIS_NODES", "redis://seathold@127.0.0.1:1")],
+            "names user seathold but no password",
+        ),
         // Ceilings: from about 1e17 ms every hold answered 500 (Lua
         // formats such numbers as floats), and expiries past the year 9999
         // gave an empty expiresAt.

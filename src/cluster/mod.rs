@@ -72,6 +72,12 @@ pub enum ConfigError {
     /// whatever the URL says: a plain port would never answer.
     #[error("TLS certificates given, but the seed node {url} is a plain redis:// URL: give the nodes' TLS ports as rediss:// URLs, or no TLS files")]
     PlainSeedWithTls { url: String },
+    /// The client sends AUTH only with a password: a user name alone would
+    /// be ignored, and seathold would run as `default`.
+    #[error("--redis-username needs a password; for a nopass ACL user give any --redis-password")]
+    UsernameWithoutPassword,
+    #[error("Redis node URL {url:?} names user {user} but no password, and no --redis-password is given: Redis would not be sent AUTH and seathold would run as `default`; give a password (for a nopass ACL user any --redis-password)")]
+    UrlUserWithoutPassword { url: String, user: String },
 }
 
 /// What requests route by, under one lock so that a reader never sees a
@@ -578,6 +584,16 @@ fn seed_info(url: &str, opts: &RedisOptions) -> Result<ConnectionInfo, ConfigErr
     }
     if let Some(pass) = &opts.password {
         settings = settings.set_password(pass);
+    }
+    if let (Some(user), None) = (settings.username(), settings.password()) {
+        return Err(if opts.username.is_some() {
+            ConfigError::UsernameWithoutPassword
+        } else {
+            ConfigError::UrlUserWithoutPassword {
+                url: url.to_owned(),
+                user: user.to_owned(),
+            }
+        });
     }
     Ok(info.set_redis_settings(settings))
 }
