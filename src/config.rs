@@ -122,7 +122,12 @@ pub struct Options {
     /// Redis Cluster seed nodes, comma-separated `redis://host:port` or
     /// `rediss://host:port` URLs (credentials may be in the URLs). Refused
     /// by `dev`, which makes its own cluster.
-    #[arg(long, env = "SEATHOLD_REDIS_NODES", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "SEATHOLD_REDIS_NODES",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
     pub redis_nodes: Vec<String>,
 
     /// Redis ACL user name (overrides one in the URLs).
@@ -617,8 +622,9 @@ impl Options {
         if !tls_flags.is_empty() {
             if let Some(plain) = nodes.iter().find(|n| is_plain_url(n)) {
                 return Err(ConfigError(format!(
-                    "{} given, but the seed node {plain} is a plain redis:// URL: the TLS files make every connection TLS, which a plain port never answers; give the nodes' TLS ports as rediss:// URLs, or drop the TLS flags",
-                    tls_flags.join(", ")
+                    "{} given, but the seed node {} is a plain redis:// URL: the TLS files make every connection TLS, which a plain port never answers; give the nodes' TLS ports as rediss:// URLs, or drop the TLS flags",
+                    tls_flags.join(", "),
+                    crate::cluster::redact_url(plain)
                 )));
             }
         }

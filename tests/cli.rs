@@ -728,3 +728,67 @@ fn tls_files_need_tls_seeds_and_pem_contents() {
     let _ = child.wait();
     assert!(seen.contains("serving HTTP"), "{seen}");
 }
+
+/// Passwords in seed URLs are not echoed: the start-up errors that name a
+/// URL (of serve, doctor and delete-show) show `user:***@`, and `--help`
+/// does not print SEATHOLD_REDIS_NODES's value.
+#[test]
+fn seed_url_passwords_are_not_echoed() {
+    const SECRET: &str = "s3cr3tPW";
+    let cases: &[(&[&str], &str)] = &[
+        // No scheme: the hint shows the URL to write.
+        (
+            &["--redis-nodes", "user:s3cr3tPW@127.0.0.1:7000"],
+            "redis://user:***@127.0.0.1:7000",
+        ),
+        (
+            &["--redis-nodes", "redis://user:s3cr3tPW@127.0.0.1:notaport"],
+            "redis://user:***@127.0.0.1:notaport",
+        ),
+        // TLS and plain seeds mixed.
+        (
+            &[
+                "--redis-nodes",
+                "rediss://user:s3cr3tPW@127.0.0.1:1,redis://user:s3cr3tPW@127.0.0.1:2",
+            ],
+            "user:***@127.0.0.1:2",
+        ),
+        (
+            &[
+                "--redis-nodes",
+                "redis://user:s3cr3tPW@127.0.0.1:1",
+                "--redis-ca-file",
+                "/nonexistent/ca.pem",
+            ],
+            "redis://user:***@127.0.0.1:1",
+        ),
+    ];
+    for (args, needle) in cases {
+        for sub in [&["serve"][..], &["doctor"], &["delete-show", "42"]] {
+            let mut argv = sub.to_vec();
+            argv.extend(*args);
+            argv.extend(["--listen", "127.0.0.1:0"]);
+            let (code, text) = run(&argv, &[]);
+            assert_ne!(code, Some(0), "{argv:?}:\n{text}");
+            assert!(code.is_some(), "{argv:?} should stop at once:\n{text}");
+            assert!(
+                !text.contains(SECRET),
+                "{argv:?} echoes the password:\n{text}"
+            );
+            assert!(
+                text.contains(needle),
+                "{argv:?}: should name {needle:?}:\n{text}"
+            );
+        }
+    }
+    let (code, help) = run(
+        &["serve", "--help"],
+        &[("SEATHOLD_REDIS_NODES", "redis://user:s3cr3tPW@127.0.0.1:1")],
+    );
+    assert_eq!(code, Some(0), "{help}");
+    assert!(help.contains("SEATHOLD_REDIS_NODES"), "{help}");
+    assert!(
+        !help.contains(SECRET),
+        "--help echoes the password:\n{help}"
+    );
+}

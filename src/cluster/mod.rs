@@ -143,7 +143,9 @@ impl Cluster {
                 .zip(&infos)
                 .find(|(_, info)| !matches!(info.addr(), ConnectionAddr::TcpTls { .. }));
             if let Some((url, _)) = plain {
-                return Err(ConfigError::PlainSeedWithTls { url: url.clone() });
+                return Err(ConfigError::PlainSeedWithTls {
+                    url: redact_url(url),
+                });
             }
         }
         let node_template = infos[0].clone();
@@ -167,7 +169,12 @@ impl Cluster {
             builder = builder.certs(certs.clone());
         }
         let client = builder.build().map_err(|e| ConfigError::BadUrl {
-            url: opts.nodes.join(","),
+            url: opts
+                .nodes
+                .iter()
+                .map(|url| redact_url(url))
+                .collect::<Vec<_>>()
+                .join(","),
             reason: e.to_string(),
         })?;
         let (topology_changed, _) = watch::channel(Arc::new(Topology::default()));
@@ -560,7 +567,7 @@ fn cluster_cmd(sub: &str) -> Cmd {
 /// The connection info of one seed URL, with the configured credentials.
 fn seed_info(url: &str, opts: &RedisOptions) -> Result<ConnectionInfo, ConfigError> {
     let bad = |reason: String| ConfigError::BadUrl {
-        url: url.to_owned(),
+        url: redact_url(url),
         reason,
     };
     let info = url.into_connection_info().map_err(|e| {
@@ -568,7 +575,8 @@ fn seed_info(url: &str, opts: &RedisOptions) -> Result<ConnectionInfo, ConfigErr
             bad(e.to_string())
         } else {
             bad(format!(
-                "{e}; seed nodes are URLs: redis://{url} (or rediss:// for TLS)"
+                "{e}; seed nodes are URLs: redis://{} (or rediss:// for TLS)",
+                redact_url(url)
             ))
         }
     })?;
@@ -590,10 +598,48 @@ fn seed_info(url: &str, opts: &RedisOptions) -> Result<ConnectionInfo, ConfigErr
             ConfigError::UsernameWithoutPassword
         } else {
             ConfigError::UrlUserWithoutPassword {
-                url: url.to_owned(),
+                url: redact_url(url),
                 user: user.to_owned(),
             }
         });
     }
     Ok(info.set_redis_settings(settings))
+}
+
+/// `url` fit for a message or a log line: the password of its user info,
+/// if any, replaced with `***` (`redis://user:***@host:port`). Works on
+/// seeds without a scheme too (`user:pass@host:port`), and on passwords
+/// with unescaped `/` or `@` (everything before the last `@` is user info).
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        None => ("", url),
+    };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}{user}:***@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn redact_url_hides_the_password_only() {
+        for (url, shown) in [
+            ("redis://127.0.0.1:7000", "redis://127.0.0.1:7000"),
+            ("rediss://user@h:1", "rediss://user@h:1"),
+            ("redis://user:pw@h:1", "redis://user:***@h:1"),
+            ("redis://:pw@h:1/0", "redis://:***@h:1/0"),
+            ("redis://u:p/w@x@h:1", "redis://u:***@h:1"),
+            ("u:pw@h:1", "u:***@h:1"),
+            ("h:1", "h:1"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
 }
