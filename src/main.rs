@@ -94,8 +94,10 @@ async fn delete_show_command(delete: DeleteShowOptions) -> ExitCode {
         return config_error(err.into());
     }
     opts.settle();
-    if let Err(err) = opts.validate() {
-        return config_error(err.into());
+    // The settings and the Redis options (seeds, URLs, credentials, TLS
+    // files) as serve checks them: exit 2, not the 1 of a refused show.
+    if let Err(err) = server::check(&opts) {
+        return config_error(err);
     }
     let redis = match opts.redis() {
         Ok(redis) => redis,

@@ -792,3 +792,32 @@ fn seed_url_passwords_are_not_echoed() {
         "--help echoes the password:\n{help}"
     );
 }
+
+/// `seathold delete-show` exits 2 on bad Redis flags, as serve and doctor
+/// do (it exited 1, the code of a refused show or a failed Redis).
+#[test]
+fn delete_show_exits_2_on_bad_redis_flags() {
+    for (args, needle) in [
+        (&["delete-show", "42"][..], "no Redis seed nodes"),
+        (
+            &["delete-show", "--redis-nodes", "not a url", "42"],
+            "not a url",
+        ),
+        (
+            &[
+                "delete-show",
+                "--redis-nodes",
+                "redis://bob@127.0.0.1:1",
+                "42",
+            ],
+            "no password",
+        ),
+    ] {
+        let (code, text) = run(args, &[]);
+        assert_eq!(code, Some(2), "{args:?}:\n{text}");
+        assert!(
+            text.contains(needle),
+            "{args:?}: should name {needle:?}:\n{text}"
+        );
+    }
+}
