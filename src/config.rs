@@ -4,7 +4,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::collections::BTreeSet;
+
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use crate::cluster::RedisOptions;
 use crate::hold::Limits;
@@ -17,6 +20,48 @@ pub struct Cli {
     pub command: Option<Command>,
     #[command(flatten)]
     pub serve: Options,
+}
+
+impl Cli {
+    /// Parses the command line and the `SEATHOLD_*` environment, as
+    /// [`Parser::parse`] does (exiting on an error or `--help`), and
+    /// records in the options which flags were given, on the command line
+    /// or in the environment, rather than left at their defaults
+    /// ([`Options::given`]).
+    pub fn parse_recording_given() -> Self {
+        let matches = Cli::command().get_matches();
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        cli.record_given(&matches);
+        cli
+    }
+
+    /// Fills [`Options::given`] of the options run from `matches`.
+    pub fn record_given(&mut self, matches: &ArgMatches) {
+        let (opts, sub) = match &mut self.command {
+            None => (&mut self.serve, Some(matches)),
+            Some(Command::Serve(opts)) => (opts, matches.subcommand_matches("serve")),
+            Some(Command::Dev(dev)) => (&mut dev.options, matches.subcommand_matches("dev")),
+            Some(Command::Doctor(doctor)) => {
+                (&mut doctor.options, matches.subcommand_matches("doctor"))
+            }
+            Some(Command::DeleteShow(delete)) => (
+                &mut delete.options,
+                matches.subcommand_matches("delete-show"),
+            ),
+        };
+        if let Some(sub) = sub {
+            opts.given = sub
+                .ids()
+                .filter(|id| {
+                    matches!(
+                        sub.value_source(id.as_str()),
+                        Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+                    )
+                })
+                .map(|id| id.as_str().to_owned())
+                .collect();
+        }
+    }
 }
 
 /// What to run.
@@ -333,6 +378,20 @@ pub struct Options {
     /// down) out: seathold logs each fault and readiness change itself.
     #[arg(long, env = "SEATHOLD_LOG", default_value = "info,redis=error")]
     pub log: String,
+
+    /// The flags given on the command line or in the environment (clap's
+    /// ids: field names such as `max_ttl_ms`), filled by
+    /// [`Cli::parse_recording_given`]: [`Options::settle`] lowers only
+    /// defaults, and a flag given equal to its default is given. Embedders
+    /// that set fields directly may leave it empty: a value that differs
+    /// from the default counts as given too.
+    #[arg(skip)]
+    pub given: BTreeSet<String>,
+
+    /// Whether [`Options::settle`] ran: it runs once (main and the server
+    /// both call it), so that what it logs is logged once.
+    #[arg(skip)]
+    pub settled: bool,
 }
 
 impl Default for Options {
@@ -341,7 +400,6 @@ impl Default for Options {
     /// a default ([`Options::settle`] lowers only defaults), and tests and
     /// embedders get the same defaults whatever the shell exports.
     fn default() -> Self {
-        use clap::{CommandFactory, FromArgMatches};
         let matches = Cli::command()
             .mut_args(|arg| arg.env(None))
             .get_matches_from(["seathold"]);
@@ -372,11 +430,20 @@ impl Options {
     /// 500`) lowers the defaults it would contradict (`--max-ttl-ms` and
     /// `--default-ttl-ms`; `--confirm-wait-timeout-ms`) instead of stopping
     /// start-up; values set against each other still stop it
-    /// ([`Options::validate`]). Each change is logged.
+    /// ([`Options::validate`]). Each change is logged. A flag counts as
+    /// set when it was given (on the command line or in the environment,
+    /// [`Options::given`]), even equal to its default, or differs from its
+    /// default. Runs once: a second call does nothing.
     pub fn settle(&mut self) {
+        if self.settled {
+            return;
+        }
+        self.settled = true;
         let defaults = Options::default();
-        let lower = |flag: &str, value: &mut u64, default: u64, to: u64, because: &str| {
-            if *value == default && *value > to {
+        let given = self.given.clone();
+        let lower = |id: &str, value: &mut u64, default: u64, to: u64, because: &str| {
+            let flag = format!("--{}", id.replace('_', "-"));
+            if !given.contains(id) && *value == default && *value > to {
                 tracing::info!(
                     "{flag} lowered from its default {default} to {to}, to agree with {because}"
                 );
@@ -385,7 +452,7 @@ impl Options {
         };
         let lifetime = self.max_hold_lifetime_ms;
         lower(
-            "--max-ttl-ms",
+            "max_ttl_ms",
             &mut self.max_ttl_ms,
             defaults.max_ttl_ms,
             lifetime,
@@ -393,7 +460,7 @@ impl Options {
         );
         let max_ttl = self.max_ttl_ms;
         lower(
-            "--default-ttl-ms",
+            "default_ttl_ms",
             &mut self.default_ttl_ms,
             defaults.default_ttl_ms,
             max_ttl,
@@ -402,7 +469,7 @@ impl Options {
         let half = (self.redis_timeout_ms / 2).max(1);
         if self.confirm_wait_timeout_ms >= self.redis_timeout_ms {
             lower(
-                "--confirm-wait-timeout-ms",
+                "confirm_wait_timeout_ms",
                 &mut self.confirm_wait_timeout_ms,
                 defaults.confirm_wait_timeout_ms,
                 half,
@@ -425,7 +492,9 @@ impl Options {
         if self.confirm_wait_replicas <= replicas {
             return Ok(());
         }
-        if self.confirm_wait_replicas == Options::default().confirm_wait_replicas {
+        if !self.given.contains("confirm_wait_replicas")
+            && self.confirm_wait_replicas == Options::default().confirm_wait_replicas
+        {
             tracing::info!(
                 "--confirm-wait-replicas lowered from its default {} to {replicas}: the local cluster has {replicas} replicas per master",
                 self.confirm_wait_replicas
@@ -729,4 +798,41 @@ fn check_key(pem: &[u8], path: &std::path::Path) -> Result<(), ConfigError> {
         };
         ConfigError(format!("--redis-key-file {} {why}", path.display()))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Options {
+        let matches = Cli::command()
+            .mut_args(|arg| arg.env(None))
+            .get_matches_from(std::iter::once("seathold").chain(args.iter().copied()));
+        let mut cli = Cli::from_arg_matches(&matches).expect("parses");
+        cli.record_given(&matches);
+        cli.serve
+    }
+
+    #[test]
+    fn settle_lowers_only_defaults_not_values_given_equal_to_them() {
+        // Given equal to its default: refused, not lowered.
+        let mut opts = parse(&[
+            "--max-ttl-ms",
+            "1800000",
+            "--max-hold-lifetime-ms",
+            "600000",
+        ]);
+        assert!(opts.given.contains("max_ttl_ms"), "{:?}", opts.given);
+        opts.settle();
+        assert_eq!(opts.max_ttl_ms, 1_800_000);
+        assert!(opts.validate().is_err());
+        // Left at its default: lowered, once.
+        let mut opts = parse(&["--max-hold-lifetime-ms", "600000"]);
+        opts.settle();
+        assert_eq!(opts.max_ttl_ms, 600_000);
+        assert!(opts.validate().is_ok());
+        opts.max_hold_lifetime_ms = 1000;
+        opts.settle();
+        assert_eq!(opts.max_ttl_ms, 600_000, "a second settle does nothing");
+    }
 }

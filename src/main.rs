@@ -2,7 +2,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use seathold::config::{Cli, Command, DeleteShowOptions, Options};
 use seathold::server::{self, StartError};
 
@@ -13,7 +12,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_recording_given();
     let result = match cli.command {
         Some(Command::Dev(dev)) => dev_command(dev).await,
         Some(Command::Doctor(doctor)) => return doctor_command(doctor.options).await,

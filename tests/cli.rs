@@ -144,6 +144,49 @@ fn bad_configuration_stops_start_up_with_a_clear_message() {
             "--max-seats-per-hold",
         ),
         (&["--default-ttl-ms", "soon"], &[], "invalid value"),
+        // A value given equal to its default is given, not a default that
+        // a contradicting flag may lower: it was silently lowered, while
+        // any other value was refused.
+        (
+            &[
+                "--redis-nodes",
+                "redis://127.0.0.1:1",
+                "--listen",
+                "127.0.0.1:0",
+                "--max-ttl-ms",
+                "1800000",
+                "--max-hold-lifetime-ms",
+                "600000",
+            ],
+            &[],
+            "--max-ttl-ms (1800000) must be at most --max-hold-lifetime-ms (600000)",
+        ),
+        (
+            &[
+                "--redis-nodes",
+                "redis://127.0.0.1:1",
+                "--listen",
+                "127.0.0.1:0",
+                "--max-ttl-ms",
+                "100000",
+            ],
+            &[("SEATHOLD_DEFAULT_TTL_MS", "300000")],
+            "--default-ttl-ms (300000) must be positive and at most --max-ttl-ms (100000)",
+        ),
+        (
+            &[
+                "--redis-nodes",
+                "redis://127.0.0.1:1",
+                "--listen",
+                "127.0.0.1:0",
+                "--confirm-wait-timeout-ms",
+                "1000",
+                "--redis-timeout-ms",
+                "1000",
+            ],
+            &[],
+            "--confirm-wait-timeout-ms (1000) must be below --redis-timeout-ms (1000)",
+        ),
         // A user name without a password: the Redis client sends AUTH only
         // with a password, so the daemon ran as `default`, silently.
         (
@@ -610,6 +653,26 @@ fn a_bound_set_alone_lowers_the_defaults_it_contradicts() {
     let _ = conn.read_to_string(&mut answer);
     let _ = child.kill();
     let _ = child.wait();
+    // Each said once: the settings are settled once (main and the server
+    // both settled them, and the token's warning came twice). The lines before
+    // "serving HTTP" are all in `seen`.
+    for what in [
+        "--api-token is shorter",
+        "--max-ttl-ms lowered",
+        "--default-ttl-ms lowered",
+        "--confirm-wait-timeout-ms lowered",
+    ] {
+        let said = log
+            .seen
+            .iter()
+            .filter(|v| {
+                v["fields"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains(what))
+            })
+            .count();
+        assert_eq!(said, 1, "{what:?} logged {said} times: {:?}", log.seen);
+    }
     assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
     let body: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap_or_default())
         .expect("a JSON hold");
