@@ -481,6 +481,16 @@ impl Options {
                 "--api-token is shorter than 16 characters: a token that can be guessed guards nothing"
             );
         }
+        // A seat id is up to 64 characters; quoted, with its comma and the
+        // body's other fields, about 70 bytes each.
+        let largest_hold = self.max_seats_per_hold.saturating_mul(70);
+        if self.max_body_bytes < largest_hold {
+            tracing::warn!(
+                "--max-body-bytes ({}) is below 70 bytes per seat of --max-seats-per-hold ({}): a hold of that many long seat ids (up to 64 characters) would get 413; raise --max-body-bytes to {largest_hold} or more",
+                self.max_body_bytes,
+                self.max_seats_per_hold
+            );
+        }
     }
 
     /// For a cluster with `replicas` per master (`seathold dev`): a confirm

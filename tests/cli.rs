@@ -884,3 +884,48 @@ fn delete_show_exits_2_on_bad_redis_flags() {
         );
     }
 }
+
+/// `--max-seats-per-hold` near its ceiling with the default
+/// `--max-body-bytes`: a hold of that many 64-character seat ids (about
+/// 67 KB) would get 413, so start-up warns (and goes on).
+#[test]
+fn a_body_limit_too_small_for_the_largest_hold_is_warned_about() {
+    let warned = |args: &[&str]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_seathold"))
+            .args([
+                "--redis-nodes",
+                "redis://127.0.0.1:1",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .args(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run seathold");
+        let lines = stderr_lines(&mut child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut seen = String::new();
+        while !seen.contains("serving HTTP") {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) => seen.push_str(&format!("{line}\n")),
+                Err(_) => break,
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            seen.contains("serving HTTP"),
+            "{args:?} should start:\n{seen}"
+        );
+        seen.contains("--max-body-bytes (65536) is below 70 bytes per seat")
+    };
+    assert!(warned(&["--max-seats-per-hold", "1000"]));
+    assert!(!warned(&["--max-seats-per-hold", "20"]));
+    assert!(!warned(&[
+        "--max-seats-per-hold",
+        "1000",
+        "--max-body-bytes",
+        "70000"
+    ]));
+}
