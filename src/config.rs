@@ -642,17 +642,12 @@ impl Options {
     /// The settings `seathold dev` cannot honour, because it makes its own
     /// cluster: refused rather than silently ignored.
     pub fn refuse_for_dev(&self) -> Result<(), ConfigError> {
-        let given: Vec<&str> = [
+        let mut given = set_flags(&[
             (!self.redis_nodes.is_empty(), "--redis-nodes"),
             (self.redis_username.is_some(), "--redis-username"),
             (self.redis_password.is_some(), "--redis-password"),
-            (self.redis_ca_file.is_some(), "--redis-ca-file"),
-            (self.redis_cert_file.is_some(), "--redis-cert-file"),
-            (self.redis_key_file.is_some(), "--redis-key-file"),
-        ]
-        .into_iter()
-        .filter_map(|(set, flag)| set.then_some(flag))
-        .collect();
+        ]);
+        given.extend(self.tls_flags());
         if given.is_empty() {
             return Ok(());
         }
@@ -660,6 +655,15 @@ impl Options {
             "seathold dev starts its own Redis Cluster and does not use {} (flags or SEATHOLD_REDIS_* variables); use `seathold serve` for an existing cluster",
             given.join(", ")
         )))
+    }
+
+    /// The TLS file flags given.
+    fn tls_flags(&self) -> Vec<&'static str> {
+        set_flags(&[
+            (self.redis_ca_file.is_some(), "--redis-ca-file"),
+            (self.redis_cert_file.is_some(), "--redis-cert-file"),
+            (self.redis_key_file.is_some(), "--redis-key-file"),
+        ])
     }
 
     /// The hold limits.
@@ -687,14 +691,7 @@ impl Options {
             .map(|s| s.trim().to_owned())
             .filter(|s| !s.is_empty())
             .collect();
-        let tls_flags: Vec<&str> = [
-            (self.redis_ca_file.is_some(), "--redis-ca-file"),
-            (self.redis_cert_file.is_some(), "--redis-cert-file"),
-            (self.redis_key_file.is_some(), "--redis-key-file"),
-        ]
-        .into_iter()
-        .filter_map(|(set, flag)| set.then_some(flag))
-        .collect();
+        let tls_flags = self.tls_flags();
         // The Redis client makes every connection TLS once it has
         // certificates, whatever the URL says: a plain port then never
         // answers, and all start-up would show is a timeout.
@@ -748,6 +745,14 @@ impl Options {
             timeout: Duration::from_millis(self.redis_timeout_ms),
         })
     }
+}
+
+/// The flags of `flags` that are set.
+fn set_flags(flags: &[(bool, &'static str)]) -> Vec<&'static str> {
+    flags
+        .iter()
+        .filter_map(|&(set, flag)| set.then_some(flag))
+        .collect()
 }
 
 /// Whether a seed URL is a plain (not TLS) `redis://` one.

@@ -477,6 +477,24 @@ fn logs_are_coloured_only_on_a_terminal_without_no_color() {
 }
 
 /// The child's stderr, line by line.
+/// What a started daemon (its stderr piped) wrote until it said "serving
+/// HTTP", or until 10 s passed; then stops it.
+fn until_serving(child: &mut std::process::Child) -> String {
+    let lines = stderr_lines(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = String::new();
+    while !seen.contains("serving HTTP") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) => seen.push_str(&format!("{line}\n")),
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    seen
+}
+
 fn stderr_lines(child: &mut std::process::Child) -> mpsc::Receiver<String> {
     let stderr = child.stderr.take().expect("piped stderr");
     let (tx, rx) = mpsc::channel();
@@ -777,18 +795,7 @@ fn tls_files_need_tls_seeds_and_pem_contents() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run seathold");
-    let lines = stderr_lines(&mut child);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut seen = String::new();
-    while !seen.contains("serving HTTP") {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match lines.recv_timeout(left) {
-            Ok(line) => seen.push_str(&format!("{line}\n")),
-            Err(_) => break,
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    let seen = until_serving(&mut child);
     assert!(seen.contains("serving HTTP"), "{seen}");
 }
 
@@ -902,18 +909,7 @@ fn a_body_limit_too_small_for_the_largest_hold_is_warned_about() {
             .stderr(Stdio::piped())
             .spawn()
             .expect("run seathold");
-        let lines = stderr_lines(&mut child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut seen = String::new();
-        while !seen.contains("serving HTTP") {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match lines.recv_timeout(left) {
-                Ok(line) => seen.push_str(&format!("{line}\n")),
-                Err(_) => break,
-            }
-        }
-        let _ = child.kill();
-        let _ = child.wait();
+        let seen = until_serving(&mut child);
         assert!(
             seen.contains("serving HTTP"),
             "{args:?} should start:\n{seen}"

@@ -233,6 +233,32 @@ async fn a_conflict_storm_is_answered_without_redis() {
     );
 }
 
+/// Releases E7 of `sh` (hold `token`) by hand, with its `released` event,
+/// then writes 300 more events, all with `XADD MAXLEN ~ cap`: the release's
+/// event is trimmed away.
+async fn release_behind_a_trim(sh: &str, token: &str, cap: u64) {
+    let ks = seathold::keys::KeySpace::new("seat-hold:");
+    let _: () = redis::cmd("EVAL")
+        .arg(
+            "redis.call('DEL', KEYS[2], KEYS[3]) \
+             redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 't', 'released', \
+               'r', ARGV[1], 's', 'E7') \
+             for i = 1, 300 do \
+               redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 't', 'held', \
+                 'r', '00000000000000ff', 's', 'Z' .. i, 'l', '600000') \
+             end",
+        )
+        .arg(3)
+        .arg(ks.events(sh))
+        .arg(ks.seat(sh, "E7"))
+        .arg(ks.hold_record(sh, token))
+        .arg("0123456789abcdef")
+        .arg(cap)
+        .query_async(&mut redis().await)
+        .await
+        .expect("EVAL");
+}
+
 /// 1b. A reader that never failed can still miss events: more than
 ///    `--events-max-len` written at once (here by one script: the release
 ///    of a seat the view knows held, then 300 more) are trimmed before its
@@ -254,26 +280,7 @@ async fn a_view_that_missed_trimmed_events_forgets_them() {
     wait_view(&a, &sh, "E7").await;
     let gaps = series(&a.metrics().await, "seathold_event_reader_gaps_total");
 
-    let ks = seathold::keys::KeySpace::new("seat-hold:");
-    let mut r = redis().await;
-    let _: () = redis::cmd("EVAL")
-        .arg(
-            "redis.call('DEL', KEYS[2], KEYS[3]) \
-             redis.call('XADD', KEYS[1], 'MAXLEN', '~', '100', '*', 't', 'released', \
-               'r', ARGV[1], 's', 'E7') \
-             for i = 1, 300 do \
-               redis.call('XADD', KEYS[1], 'MAXLEN', '~', '100', '*', 't', 'held', \
-                 'r', '00000000000000ff', 's', 'Z' .. i, 'l', '600000') \
-             end",
-        )
-        .arg(3)
-        .arg(ks.events(&sh))
-        .arg(ks.seat(&sh, "E7"))
-        .arg(ks.hold_record(&sh, &token))
-        .arg("0123456789abcdef")
-        .query_async(&mut r)
-        .await
-        .expect("EVAL");
+    release_behind_a_trim(&sh, &token, 100).await;
 
     eventually(
         Duration::from_secs(5),
@@ -303,26 +310,9 @@ async fn a_view_finds_events_trimmed_under_a_smaller_cap() {
     wait_view(&a, &sh, "E7").await;
     let gaps = series(&a.metrics().await, "seathold_event_reader_gaps_total");
 
+    release_behind_a_trim(&sh, &token, 1).await;
     let ks = seathold::keys::KeySpace::new("seat-hold:");
     let mut r = redis().await;
-    let _: () = redis::cmd("EVAL")
-        .arg(
-            "redis.call('DEL', KEYS[2], KEYS[3]) \
-             redis.call('XADD', KEYS[1], 'MAXLEN', '~', '1', '*', 't', 'released', \
-               'r', ARGV[1], 's', 'E7') \
-             for i = 1, 300 do \
-               redis.call('XADD', KEYS[1], 'MAXLEN', '~', '1', '*', 't', 'held', \
-                 'r', '00000000000000ff', 's', 'Z' .. i, 'l', '600000') \
-             end",
-        )
-        .arg(3)
-        .arg(ks.events(&sh))
-        .arg(ks.seat(&sh, "E7"))
-        .arg(ks.hold_record(&sh, &token))
-        .arg("0123456789abcdef")
-        .query_async(&mut r)
-        .await
-        .expect("EVAL");
     let kept: usize = redis::cmd("XLEN")
         .arg(ks.events(&sh))
         .query_async(&mut r)
