@@ -329,14 +329,19 @@ impl Accept<'_> {
         let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             let app = Arc::clone(&app);
             req.extensions_mut().insert(handle.clone());
-            // Each request runs in a task of its own, to its end even when
-            // its client hangs up: hyper drops a connection's futures when
-            // the client goes, and a script already sent still runs in
-            // Redis, so what the request changed would go uncounted (its
-            // counters, events_total, the request histogram) and its
-            // clean-up after a failure (an orphan's abandon, a failed
-            // confirm's record) undone. It lasts at most the Redis timeout.
+            // A change of a hold runs in a task of its own, to its end even
+            // when its client hangs up: hyper drops a connection's futures
+            // when the client goes, and a script already sent still runs in
+            // Redis, so what it changed would go uncounted (its counters,
+            // events_total, the request histogram) and its clean-up after a
+            // failure (a failed confirm's record) undone. It lasts at most
+            // the Redis timeout. A new hold is dropped with its client
+            // instead, which has the hold abandoned (nobody else will learn
+            // its token); reads have nothing to finish.
             async move {
+                if !http::runs_to_its_end(req.method(), req.uri().path()) {
+                    return Ok::<_, Infallible>(http::handle(app, req, peer).await);
+                }
                 let response = match tokio::spawn(http::handle(app, req, peer)).await {
                     Ok(response) => response,
                     Err(err) => {
@@ -346,7 +351,7 @@ impl Accept<'_> {
                         ))
                     }
                 };
-                Ok::<_, Infallible>(response)
+                Ok(response)
             }
         });
         let stream = WriteStall::new(stream, self.header_read_timeout);

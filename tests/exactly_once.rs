@@ -2834,8 +2834,10 @@ async fn a_failed_confirm_forgets_only_its_own_record() {
 
 /// A client that hangs up while its request waits on Redis takes nothing
 /// back: Redis made the release and the sale, so both are counted (the
-/// counters and the request histogram), as if the client had stayed. The
-/// daemon is a process of its own, so its counters are its requests only.
+/// counters and the request histogram), as if the client had stayed. A new
+/// hold whose client hung up is abandoned instead, and its request counted
+/// in the histogram as 499. The daemon is a process of its own, so its
+/// counters are its requests only.
 #[tokio::test]
 async fn a_client_that_hangs_up_leaves_its_changes_counted() {
     let _x = EXCLUSIVE.write().await;
@@ -2869,21 +2871,32 @@ async fn a_client_that_hangs_up_leaves_its_changes_counted() {
         ))
         .timeout(Duration::from_millis(200))
         .send();
-    let (release, confirm) = tokio::join!(release, confirm);
+    let hold = http
+        .post(format!("{}/v1/shows/{sh}/seats/A3/hold", d.base))
+        .timeout(Duration::from_millis(200))
+        .send();
+    let (release, confirm, hold) = tokio::join!(release, confirm, hold);
     assert!(
-        release.is_err() && confirm.is_err(),
-        "the pause outlived the clients' patience: {release:?} {confirm:?}"
+        release.is_err() && confirm.is_err() && hold.is_err(),
+        "the pause outlived the clients' patience: {release:?} {confirm:?} {hold:?}"
     );
 
     let route = "seathold_http_request_duration_seconds_count{route=\"/v1/shows/{show}/holds/{token}\",status=\"204\"}";
     let confirm_route = "seathold_http_request_duration_seconds_count{route=\"/v1/shows/{show}/holds/{token}/confirm\",status=\"200\"}";
+    // A new hold is not finished for a client that went: it is abandoned
+    // (nobody else will learn its token), and its request is in the
+    // histogram as 499.
+    let gone_route = "seathold_http_request_duration_seconds_count{route=\"/v1/shows/{show}/seats/{seat}/hold\",status=\"499\"}";
+    // (series, delta): the abandon writes a `released` event too.
     let wanted = [
-        "seathold_releases_total",
-        "seathold_confirms_total",
-        "seathold_events_total{type=\"released\"}",
-        "seathold_events_total{type=\"confirmed\"}",
-        route,
-        confirm_route,
+        ("seathold_releases_total", 1.0),
+        ("seathold_confirms_total", 1.0),
+        ("seathold_events_total{type=\"released\"}", 2.0),
+        ("seathold_events_total{type=\"confirmed\"}", 1.0),
+        (route, 1.0),
+        (confirm_route, 1.0),
+        (gone_route, 1.0),
+        ("seathold_orphan_releases_total", 1.0),
     ];
     let mut moved = Vec::new();
     let limit = Instant::now() + Duration::from_secs(5);
@@ -2891,20 +2904,20 @@ async fn a_client_that_hangs_up_leaves_its_changes_counted() {
         let after = common::scrape(&d.metrics().await);
         moved = wanted
             .iter()
-            .map(|s| {
+            .map(|(s, want)| {
                 let d =
                     after.get(*s).copied().unwrap_or(0.0) - before.get(*s).copied().unwrap_or(0.0);
-                (*s, d)
+                (*s, d, *want)
             })
             .collect();
-        if moved.iter().all(|(_, d)| *d == 1.0) {
+        if moved.iter().all(|(_, d, want)| d == want) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(
-        moved.iter().all(|(_, d)| *d == 1.0),
-        "each counted once: {moved:?}"
+        moved.iter().all(|(_, d, want)| d == want),
+        "(series, moved, wanted): {moved:?}"
     );
     let (_, a1) = common::call_at(
         &http,
@@ -2926,4 +2939,13 @@ async fn a_client_that_hangs_up_leaves_its_changes_counted() {
         (a1["state"].as_str(), a2["state"].as_str()),
         (Some("free"), Some("sold"))
     );
+    let (_, a3) = common::call_at(
+        &http,
+        &d.base,
+        "GET",
+        &format!("/v1/shows/{sh}/seats/A3"),
+        None,
+    )
+    .await;
+    assert_eq!(a3["state"], "free", "the hold no client learned of: {a3}");
 }

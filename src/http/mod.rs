@@ -170,12 +170,56 @@ pub fn full(bytes: impl Into<Bytes>) -> crate::events::sse::Body {
     Full::new(bytes.into()).boxed_unsync()
 }
 
+/// Whether a request must run to its end even when its client hangs up:
+/// a change of a hold (release, extend, confirm, PATCH) or of a show's
+/// pools and settings, but not a new hold (dropped with its client, it is
+/// abandoned: nobody else will learn its token) nor a read.
+pub fn runs_to_its_end(method: &hyper::Method, path: &str) -> bool {
+    use hyper::Method;
+    if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        return false;
+    }
+    let segments = Segments::of(path);
+    let creates_hold = *method == Method::POST
+        && matches!(
+            Route::parse(segments.as_ref()),
+            Route::MultiHold | Route::ShowHolds { .. } | Route::SeatHold { .. }
+        );
+    !creates_hold
+}
+
+/// Records a request whose client hung up before its answer (its future
+/// dropped) in the request histogram, with status `499` (as nginx logs
+/// it), so that slow periods whose clients gave up still show.
+struct Unanswered {
+    route: &'static str,
+    start: Instant,
+    answered: bool,
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if !self.answered {
+            m::hot::observe(
+                m::HTTP_DURATION,
+                &[("route", self.route), ("status", "499")],
+                self.start.elapsed().as_secs_f64(),
+            );
+        }
+    }
+}
+
 /// Serves one request from `peer`.
 pub async fn handle(app: Arc<App>, req: Request<impl ReqBody>, peer: SocketAddr) -> Resp {
     let start = Instant::now();
     let (head, body) = req.into_parts();
     let segments = Segments::of(head.uri.path());
     let route = Route::parse(segments.as_ref());
+    let mut unanswered = Unanswered {
+        route: route.template(),
+        start,
+        answered: false,
+    };
     let mut response = dispatch(&app, route, &head, body)
         .await
         .unwrap_or_else(error_response);
@@ -188,6 +232,7 @@ pub async fn handle(app: Arc<App>, req: Request<impl ReqBody>, peer: SocketAddr)
             .headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));
     }
+    unanswered.answered = true;
     let template = route.template();
     let elapsed = start.elapsed();
     m::hot::observe(
