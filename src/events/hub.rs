@@ -113,8 +113,9 @@ impl Hub {
             .min(BUFFER)
     }
 
-    /// The streams' length cap (`--events-max-len`), which reads of them
-    /// need to tell a trimmed stream (410) from one that was not.
+    /// The streams' length cap (`--events-max-len`), handed to reads of
+    /// them (events.lua no longer needs it to tell a trimmed stream: the
+    /// scripts count their own deletions).
     pub fn max_len(&self) -> u64 {
         self.max_len
     }

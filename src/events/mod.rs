@@ -247,8 +247,9 @@ pub struct Read {
 pub struct Span {
     /// Most entries to answer.
     pub limit: usize,
-    /// The streams' length cap (`--events-max-len`): a stream shorter than
-    /// it was never trimmed.
+    /// The streams' length cap (`--events-max-len`), passed to events.lua,
+    /// which tells a trimmed stream by the scripts' count of their own
+    /// deletions instead (`#events-deleted`), whatever cap trimmed it.
     pub max_len: u64,
     /// After a position (`Cursor::After`) followed by entries, also
     /// [`Read::before`]: for an SSE stream's opening frame.
