@@ -835,77 +835,54 @@ async fn a_dead_instances_multi_show_hold_expires_in_every_show_on_time() {
     drop(survivor);
 }
 
-/// Keys with a long TTL, `per_master` on every master, that make Redis's
-/// own expiry slow: it finds expired keys by sampling the keys that have a
-/// TTL, so among a few hundred thousand a hold record's `expired`
-/// notification comes seconds late (as at an on-sale with many live holds
-/// and idempotency records). Removed when dropped, even by a failing test.
-struct SlowExpiry {
-    /// Each master's port and the hash tag of its keys.
-    tags: Vec<(u16, String)>,
-    per_master: u64,
-}
+/// Redis's expiry notifications off on every master while alive (as good
+/// as seconds late, which they are on masters with hundreds of thousands
+/// of keys that have a TTL: Redis finds expired keys by sampling them), and
+/// back as they were when dropped, even by a failing test. Instances
+/// subscribed before keep their subscriptions; they turn notifications on
+/// only when a subscription starts. (Filling the masters with such keys
+/// instead left their expiry tables large after the keys went, and the
+/// notifications of later tests slow.)
+struct NoNotifications(Vec<(u16, String)>);
 
-/// Keys ARGV[2] to ARGV[3] (in chunks: a script blocks its master).
-const FILL: &str = "for i = tonumber(ARGV[2]), tonumber(ARGV[3]) do redis.call('SET', ARGV[1] .. i, 'x', 'PX', 3600000) end";
-const UNFILL: &str =
-    "for i = tonumber(ARGV[2]), tonumber(ARGV[3]) do redis.call('UNLINK', ARGV[1] .. i) end";
-const CHUNK: u64 = 20_000;
-
-impl SlowExpiry {
-    async fn new(per_master: u64) -> Self {
-        let mut tags = Vec::new();
+impl NoNotifications {
+    async fn new() -> Self {
+        let mut was = Vec::new();
         for port in common::master_ports().await {
-            let mut tag = None;
-            for i in 0.. {
-                let t = format!("slow-expiry-{i}");
-                let slot = seathold::keys::slot(format!("{{{t}}}").as_bytes());
-                if cluster().master_port_for_slot(slot).await.ok() == Some(port) {
-                    tag = Some(t);
-                    break;
-                }
-            }
-            tags.push((port, tag.expect("a tag on the master")));
+            let mut conn = common::node(port).await;
+            let (_, flags): (String, String) = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("notify-keyspace-events")
+                .query_async(&mut conn)
+                .await
+                .expect("CONFIG GET");
+            let () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("notify-keyspace-events")
+                .arg("")
+                .query_async(&mut conn)
+                .await
+                .expect("CONFIG SET");
+            was.push((port, flags));
         }
-        let this = Self { tags, per_master };
-        for (port, tag) in &this.tags {
-            let mut conn = common::node(*port).await;
-            for from in (1..=per_master).step_by(CHUNK as usize) {
-                let () = redis::cmd("EVAL")
-                    .arg(FILL)
-                    .arg(0)
-                    .arg(format!("{{{tag}}}:"))
-                    .arg(from)
-                    .arg((from + CHUNK - 1).min(per_master))
-                    .query_async(&mut conn)
-                    .await
-                    .expect("fill the master");
-            }
-        }
-        this
+        Self(was)
     }
 }
 
-impl Drop for SlowExpiry {
+impl Drop for NoNotifications {
     fn drop(&mut self) {
-        for (port, tag) in &self.tags {
-            let removed = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        for (port, flags) in &self.0 {
+            let restored = redis::Client::open(format!("redis://127.0.0.1:{port}"))
                 .and_then(|c| c.get_connection())
                 .and_then(|mut c| {
-                    (1..=self.per_master)
-                        .step_by(CHUNK as usize)
-                        .try_for_each(|from| {
-                            redis::cmd("EVAL")
-                                .arg(UNFILL)
-                                .arg(0)
-                                .arg(format!("{{{tag}}}:"))
-                                .arg(from)
-                                .arg((from + CHUNK - 1).min(self.per_master))
-                                .query::<()>(&mut c)
-                        })
+                    redis::cmd("CONFIG")
+                        .arg("SET")
+                        .arg("notify-keyspace-events")
+                        .arg(flags)
+                        .query::<()>(&mut c)
                 });
-            if let Err(err) = removed {
-                eprintln!("could not remove the keys of {{{tag}}} on {port}: {err}");
+            if let Err(err) = restored {
+                eprintln!("could not turn notifications on again on {port}: {err}");
             }
         }
     }
@@ -913,10 +890,11 @@ impl Drop for SlowExpiry {
 
 /// An instance that stops (SIGTERM: a rolling deploy, a scale-down) hands
 /// the shows it would sweep to the instances that go on, whose `expired`
-/// events then come within 1 s. Before, the others learnt of those holds
-/// from Redis's expiry notifications only, which came 5-10 s late on
-/// masters with many keys that have a TTL (the periodic scan would have
-/// found them within `--sweep-scan-interval-ms`).
+/// events then come within 1 s, without Redis's expiry notifications
+/// (off here). Before, the others learnt of those holds from those
+/// notifications only, which came 5-10 s late on masters with many keys
+/// that have a TTL in a review, or from the periodic scan
+/// (`--sweep-scan-interval-ms`, 60 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopping_instance_hands_its_sweeps_over() {
     let _alone = common::exclusive().await;
@@ -930,7 +908,7 @@ async fn a_stopping_instance_hands_its_sweeps_over() {
         )
         .await;
     }
-    let _slow = SlowExpiry::new(200_000).await;
+    let _quiet = NoNotifications::new().await;
 
     let api = Api::new(&stopping.base);
     let base = show("handover");
