@@ -835,59 +835,6 @@ async fn a_dead_instances_multi_show_hold_expires_in_every_show_on_time() {
     drop(survivor);
 }
 
-/// Redis's expiry notifications off on every master while alive (as good
-/// as seconds late, which they are on masters with hundreds of thousands
-/// of keys that have a TTL: Redis finds expired keys by sampling them), and
-/// back as they were when dropped, even by a failing test. Instances
-/// subscribed before keep their subscriptions; they turn notifications on
-/// only when a subscription starts. (Filling the masters with such keys
-/// instead left their expiry tables large after the keys went, and the
-/// notifications of later tests slow.)
-struct NoNotifications(Vec<(u16, String)>);
-
-impl NoNotifications {
-    async fn new() -> Self {
-        let mut was = Vec::new();
-        for port in common::master_ports().await {
-            let mut conn = common::node(port).await;
-            let (_, flags): (String, String) = redis::cmd("CONFIG")
-                .arg("GET")
-                .arg("notify-keyspace-events")
-                .query_async(&mut conn)
-                .await
-                .expect("CONFIG GET");
-            let () = redis::cmd("CONFIG")
-                .arg("SET")
-                .arg("notify-keyspace-events")
-                .arg("")
-                .query_async(&mut conn)
-                .await
-                .expect("CONFIG SET");
-            was.push((port, flags));
-        }
-        Self(was)
-    }
-}
-
-impl Drop for NoNotifications {
-    fn drop(&mut self) {
-        for (port, flags) in &self.0 {
-            let restored = redis::Client::open(format!("redis://127.0.0.1:{port}"))
-                .and_then(|c| c.get_connection())
-                .and_then(|mut c| {
-                    redis::cmd("CONFIG")
-                        .arg("SET")
-                        .arg("notify-keyspace-events")
-                        .arg(flags)
-                        .query::<()>(&mut c)
-                });
-            if let Err(err) = restored {
-                eprintln!("could not turn notifications on again on {port}: {err}");
-            }
-        }
-    }
-}
-
 /// An instance that stops (SIGTERM: a rolling deploy, a scale-down) hands
 /// the shows it would sweep to the instances that go on, whose `expired`
 /// events then come within 1 s, without Redis's expiry notifications
@@ -908,7 +855,14 @@ async fn a_stopping_instance_hands_its_sweeps_over() {
         )
         .await;
     }
-    let _quiet = NoNotifications::new().await;
+    // Redis's expiry notifications off on every master (as good as the
+    // seconds late they are on masters with hundreds of thousands of keys
+    // that have a TTL); instances subscribed before keep their
+    // subscriptions (they turn notifications on only when one starts).
+    let mut _quiet = Vec::new();
+    for port in common::master_ports().await {
+        _quiet.push(common::NoNotifications::on(port).await);
+    }
 
     let api = Api::new(&stopping.base);
     let base = show("handover");

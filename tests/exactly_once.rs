@@ -630,55 +630,6 @@ async fn hold_run_late_after_its_503_with_key_is_replayed_to_the_retry() {
     assert_the_very_hold(&s, &sh, "B1", &retry.body).await;
 }
 
-/// Keyspace notifications of one master off until dropped (then as they
-/// were): only seathold's own timers can then tell it that a hold there
-/// ran out.
-struct NoNotifications {
-    port: u16,
-    flags: String,
-}
-
-impl NoNotifications {
-    async fn on(port: u16) -> Self {
-        let mut node = common::node(port).await;
-        let (_, flags): (String, String) = redis::cmd("CONFIG")
-            .arg("GET")
-            .arg("notify-keyspace-events")
-            .query_async(&mut node)
-            .await
-            .expect("CONFIG GET");
-        let () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("notify-keyspace-events")
-            .arg("")
-            .query_async(&mut node)
-            .await
-            .expect("CONFIG SET");
-        Self { port, flags }
-    }
-}
-
-impl Drop for NoNotifications {
-    fn drop(&mut self) {
-        let url = format!("redis://127.0.0.1:{}", self.port);
-        let set = redis::Client::open(url)
-            .and_then(|c| c.get_connection())
-            .and_then(|mut c| {
-                redis::cmd("CONFIG")
-                    .arg("SET")
-                    .arg("notify-keyspace-events")
-                    .arg(&self.flags)
-                    .query::<()>(&mut c)
-            });
-        if let Err(err) = set {
-            eprintln!(
-                "cannot restore notify-keyspace-events on {}: {err}",
-                self.port
-            );
-        }
-    }
-}
-
 /// A hold whose answer was lost (its master froze past the Redis timeout,
 /// then ran the script) and that the client's retry got from its
 /// `Idempotency-Key` still has its `expired` event within a second of its
@@ -698,7 +649,7 @@ async fn a_replayed_hold_expires_on_time_without_notifications() {
     })
     .await;
     let sh = show("replay-expiry");
-    let _quiet = NoNotifications::on(master_of(&sh).await).await;
+    let _quiet = common::NoNotifications::on(master_of(&sh).await).await;
     let key = idem_key("replay-expiry");
 
     let _ = hold_while_master_frozen(&s, &sh, "C1", Some(&key), 1_200).await;

@@ -951,3 +951,52 @@ pub fn taken_without_expiry(body: &Value, ttl_ms: i64) -> Value {
     }
     taken
 }
+
+/// Keyspace notifications of one master off until dropped (then as they
+/// were): only seathold's own timers can then tell it that a hold there
+/// ran out.
+pub struct NoNotifications {
+    port: u16,
+    flags: String,
+}
+
+impl NoNotifications {
+    pub async fn on(port: u16) -> Self {
+        let mut node = node(port).await;
+        let (_, flags): (String, String) = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("notify-keyspace-events")
+            .query_async(&mut node)
+            .await
+            .expect("CONFIG GET");
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg("")
+            .query_async(&mut node)
+            .await
+            .expect("CONFIG SET");
+        Self { port, flags }
+    }
+}
+
+impl Drop for NoNotifications {
+    fn drop(&mut self) {
+        let url = format!("redis://127.0.0.1:{}", self.port);
+        let set = redis::Client::open(url)
+            .and_then(|c| c.get_connection())
+            .and_then(|mut c| {
+                redis::cmd("CONFIG")
+                    .arg("SET")
+                    .arg("notify-keyspace-events")
+                    .arg(&self.flags)
+                    .query::<()>(&mut c)
+            });
+        if let Err(err) = set {
+            eprintln!(
+                "cannot restore notify-keyspace-events on {}: {err}",
+                self.port
+            );
+        }
+    }
+}

@@ -9,8 +9,9 @@ use std::collections::BTreeSet;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
-use crate::cluster::RedisOptions;
 use crate::hold::Limits;
+
+mod redis;
 
 /// seathold: holds seats for high-traffic ticket sales on Redis Cluster.
 #[derive(Debug, Parser)]
@@ -657,15 +658,6 @@ impl Options {
         )))
     }
 
-    /// The TLS file flags given.
-    fn tls_flags(&self) -> Vec<&'static str> {
-        set_flags(&[
-            (self.redis_ca_file.is_some(), "--redis-ca-file"),
-            (self.redis_cert_file.is_some(), "--redis-cert-file"),
-            (self.redis_key_file.is_some(), "--redis-key-file"),
-        ])
-    }
-
     /// The hold limits.
     pub fn limits(&self) -> Limits {
         Limits {
@@ -680,71 +672,6 @@ impl Options {
             max_per_holder: self.max_per_holder,
         }
     }
-
-    /// How to reach Redis; reads the TLS files and checks that they hold
-    /// what their flags say, and that the seeds are `rediss://` when there
-    /// are any.
-    pub fn redis(&self) -> Result<RedisOptions, ConfigError> {
-        let nodes: Vec<String> = self
-            .redis_nodes
-            .iter()
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty())
-            .collect();
-        let tls_flags = self.tls_flags();
-        // The Redis client makes every connection TLS once it has
-        // certificates, whatever the URL says: a plain port then never
-        // answers, and all start-up would show is a timeout.
-        if !tls_flags.is_empty() {
-            if let Some(plain) = nodes.iter().find(|n| is_plain_url(n)) {
-                return Err(ConfigError(format!(
-                    "{} given, but the seed node {} is a plain redis:// URL: the TLS files make every connection TLS, which a plain port never answers; give the nodes' TLS ports as rediss:// URLs, or drop the TLS flags",
-                    tls_flags.join(", "),
-                    crate::cluster::redact_url(plain)
-                )));
-            }
-        }
-        let read = |path: &std::path::Path, what: &str| {
-            std::fs::read(path)
-                .map_err(|e| ConfigError(format!("cannot read {what} {}: {e}", path.display())))
-        };
-        let tls = if self.redis_ca_file.is_some() || self.redis_cert_file.is_some() {
-            let root_cert = match &self.redis_ca_file {
-                Some(path) => {
-                    let pem = read(path, "--redis-ca-file")?;
-                    check_certificates(&pem, "--redis-ca-file", path, true)?;
-                    Some(pem)
-                }
-                None => None,
-            };
-            let client_tls = match (&self.redis_cert_file, &self.redis_key_file) {
-                (Some(cert), Some(key)) => {
-                    let client_cert = read(cert, "--redis-cert-file")?;
-                    check_certificates(&client_cert, "--redis-cert-file", cert, false)?;
-                    let client_key = read(key, "--redis-key-file")?;
-                    check_key(&client_key, key)?;
-                    Some(redis::ClientTlsConfig {
-                        client_cert,
-                        client_key,
-                    })
-                }
-                _ => None,
-            };
-            Some(redis::TlsCertificates {
-                client_tls,
-                root_cert,
-            })
-        } else {
-            None
-        };
-        Ok(RedisOptions {
-            tls,
-            nodes,
-            username: self.redis_username.clone(),
-            password: self.redis_password.clone(),
-            timeout: Duration::from_millis(self.redis_timeout_ms),
-        })
-    }
 }
 
 /// The flags of `flags` that are set.
@@ -755,99 +682,5 @@ fn set_flags(flags: &[(bool, &'static str)]) -> Vec<&'static str> {
         .collect()
 }
 
-/// Whether a seed URL is a plain (not TLS) `redis://` one.
-fn is_plain_url(url: &str) -> bool {
-    url.split_once("://")
-        .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("redis"))
-}
-
-/// Checks that `pem` holds at least one PEM certificate, all readable (and,
-/// for a CA file, usable as trust anchors): the Redis client would take a
-/// file without one as an empty list, and a CA file without one as a trust
-/// store that trusts nothing (every connection failing with
-/// `UnknownIssuer`).
-fn check_certificates(
-    pem: &[u8],
-    flag: &str,
-    path: &std::path::Path,
-    trust_anchors: bool,
-) -> Result<(), ConfigError> {
-    use rustls::pki_types::{pem::PemObject, CertificateDer};
-    let mut store = rustls::RootCertStore::empty();
-    let mut found = 0;
-    for cert in CertificateDer::pem_slice_iter(pem) {
-        let cert = cert.map_err(|e| {
-            ConfigError(format!(
-                "{flag} {}: unreadable PEM certificate: {e}",
-                path.display()
-            ))
-        })?;
-        if trust_anchors {
-            store.add(cert).map_err(|e| {
-                ConfigError(format!(
-                    "{flag} {}: a certificate in it is not usable as a CA: {e}",
-                    path.display()
-                ))
-            })?;
-        }
-        found += 1;
-    }
-    if found == 0 {
-        return Err(ConfigError(format!(
-            "{flag} {} holds no PEM certificate (a -----BEGIN CERTIFICATE----- block)",
-            path.display()
-        )));
-    }
-    Ok(())
-}
-
-/// Checks that `pem` holds a PEM private key.
-fn check_key(pem: &[u8], path: &std::path::Path) -> Result<(), ConfigError> {
-    use rustls::pki_types::{pem::PemObject, PrivateKeyDer};
-    PrivateKeyDer::from_pem_slice(pem).map(drop).map_err(|e| {
-        let why = match e {
-            rustls::pki_types::pem::Error::NoItemsFound => {
-                "holds no PEM private key (a -----BEGIN PRIVATE KEY-----, RSA PRIVATE KEY or EC PRIVATE KEY block)".to_owned()
-            }
-            other => format!("has no readable PEM private key: {other}"),
-        };
-        ConfigError(format!("--redis-key-file {} {why}", path.display()))
-    })
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(args: &[&str]) -> Options {
-        let matches = Cli::command()
-            .mut_args(|arg| arg.env(None))
-            .get_matches_from(std::iter::once("seathold").chain(args.iter().copied()));
-        let mut cli = Cli::from_arg_matches(&matches).expect("parses");
-        cli.record_given(&matches);
-        cli.serve
-    }
-
-    #[test]
-    fn settle_lowers_only_defaults_not_values_given_equal_to_them() {
-        // Given equal to its default: refused, not lowered.
-        let mut opts = parse(&[
-            "--max-ttl-ms",
-            "1800000",
-            "--max-hold-lifetime-ms",
-            "600000",
-        ]);
-        assert!(opts.given.contains("max_ttl_ms"), "{:?}", opts.given);
-        opts.settle();
-        assert_eq!(opts.max_ttl_ms, 1_800_000);
-        assert!(opts.validate().is_err());
-        // Left at its default: lowered, once.
-        let mut opts = parse(&["--max-hold-lifetime-ms", "600000"]);
-        opts.settle();
-        assert_eq!(opts.max_ttl_ms, 600_000);
-        assert!(opts.validate().is_ok());
-        opts.max_hold_lifetime_ms = 1000;
-        opts.settle();
-        assert_eq!(opts.max_ttl_ms, 600_000, "a second settle does nothing");
-    }
-}
+mod tests;
