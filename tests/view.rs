@@ -233,6 +233,31 @@ async fn a_conflict_storm_is_answered_without_redis() {
     );
 }
 
+/// A show of `tag` whose view on `a` knows E7 held: the show, the hold's
+/// token, and `seathold_event_reader_gaps_total` so far.
+async fn view_knows_e7_held(a: &TestServer, tag: &str) -> (String, String, f64) {
+    let sh = show(tag);
+    start_view(a, &sh).await;
+    let token = held(a, &sh, "E7", None).await;
+    wait_view(a, &sh, "E7").await;
+    let gaps = series(&a.metrics().await, "seathold_event_reader_gaps_total");
+    (sh, token, gaps)
+}
+
+/// After [`release_behind_a_trim`]: the reader of `sh` on `a` finds the gap
+/// (more than `gaps`), its view starts over, and E7 is granted.
+async fn assert_gap_found_and_e7_granted(a: &TestServer, sh: &str, gaps: f64) {
+    eventually(
+        Duration::from_secs(5),
+        "the reader to find the gap",
+        || async { series(&a.metrics().await, "seathold_event_reader_gaps_total") > gaps },
+    )
+    .await;
+    wait_view(a, sh, "Z300").await;
+    let (status, body) = hold_one(a, sh, "E7", None).await;
+    assert_eq!(status, 201, "E7 is free in Redis: {body}");
+}
+
 /// Releases E7 of `sh` (hold `token`) by hand, with its `released` event,
 /// then writes 300 more events, all with `XADD MAXLEN ~ cap`: the release's
 /// event is trimmed away.
@@ -274,23 +299,11 @@ async fn a_view_that_missed_trimmed_events_forgets_them() {
         ..with_view()
     })
     .await;
-    let sh = show("trimmed");
-    start_view(&a, &sh).await;
-    let token = held(&a, &sh, "E7", None).await;
-    wait_view(&a, &sh, "E7").await;
-    let gaps = series(&a.metrics().await, "seathold_event_reader_gaps_total");
+    let (sh, token, gaps) = view_knows_e7_held(&a, "trimmed").await;
 
     release_behind_a_trim(&sh, &token, 100).await;
 
-    eventually(
-        Duration::from_secs(5),
-        "the reader to find the gap",
-        || async { series(&a.metrics().await, "seathold_event_reader_gaps_total") > gaps },
-    )
-    .await;
-    wait_view(&a, &sh, "Z300").await;
-    let (status, body) = hold_one(&a, &sh, "E7", None).await;
-    assert_eq!(status, 201, "E7 is free in Redis: {body}");
+    assert_gap_found_and_e7_granted(&a, &sh, gaps).await;
 }
 
 /// The same when the stream is trimmed by a writer with a smaller cap
@@ -304,11 +317,7 @@ async fn a_view_that_missed_trimmed_events_forgets_them() {
 async fn a_view_finds_events_trimmed_under_a_smaller_cap() {
     let _lock = exclusive().await;
     let a = server_with(with_view()).await;
-    let sh = show("trimmed-small");
-    start_view(&a, &sh).await;
-    let token = held(&a, &sh, "E7", None).await;
-    wait_view(&a, &sh, "E7").await;
-    let gaps = series(&a.metrics().await, "seathold_event_reader_gaps_total");
+    let (sh, token, gaps) = view_knows_e7_held(&a, "trimmed-small").await;
 
     release_behind_a_trim(&sh, &token, 1).await;
     let ks = seathold::keys::KeySpace::new("seat-hold:");
@@ -323,15 +332,7 @@ async fn a_view_finds_events_trimmed_under_a_smaller_cap() {
         "a reply after the trim is short: {kept} entries kept"
     );
 
-    eventually(
-        Duration::from_secs(5),
-        "the reader to find the gap",
-        || async { series(&a.metrics().await, "seathold_event_reader_gaps_total") > gaps },
-    )
-    .await;
-    wait_view(&a, &sh, "Z300").await;
-    let (status, body) = hold_one(&a, &sh, "E7", None).await;
-    assert_eq!(status, 201, "E7 is free in Redis: {body}");
+    assert_gap_found_and_e7_granted(&a, &sh, gaps).await;
 }
 
 /// 2. The view never grants. With one seat it knows free (held and
