@@ -225,3 +225,42 @@ async fn concurrent_scripts_share_writes_and_keep_their_own_answers() {
     );
     s.stop().await;
 }
+
+/// Seeds named otherwise than the cluster names its nodes (a host name where
+/// `CLUSTER SLOTS` reports addresses, as in most deployments behind DNS), or
+/// whose first entry is down, still give a ready daemon whose confirms (sent
+/// straight to the master of the slot, from the daemon's own slot map) work.
+#[tokio::test]
+async fn seeds_named_otherwise_than_the_cluster_names_its_nodes_are_served() {
+    let by_name: Vec<String> = cluster()
+        .seed_urls()
+        .iter()
+        .map(|url| url.replace("127.0.0.1", "localhost"))
+        .collect();
+    assert!(
+        by_name.iter().all(|url| url.contains("localhost")),
+        "{by_name:?}"
+    );
+    // A port nothing listens on, first; then the cluster's nodes by address.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let first_down: Vec<String> = std::iter::once(format!("redis://127.0.0.1:{closed}"))
+        .chain(cluster().seed_urls())
+        .collect();
+    for seeds in [by_name, first_down] {
+        let s = common::server_with(seathold::config::Options {
+            redis_nodes: seeds.clone(),
+            ..common::options()
+        })
+        .await;
+        let show = show("seeds");
+        let held = s.hold(&show, &["E7"]).await;
+        let token = held["holdToken"].as_str().expect("token");
+        let (status, body) = s.confirm(&show, token).await;
+        assert_eq!(status, 200, "confirm with seeds {seeds:?}: {body}");
+        s.stop().await;
+    }
+}

@@ -382,10 +382,10 @@ impl Cluster {
 
     /// One readiness probe, itself the round trip that proves Redis answers:
     /// a fresh slot map (installed, with scripts loaded on new masters) that
-    /// covers every slot, and a node that reports `cluster_state:ok`.
+    /// covers every slot, from a node that reports `cluster_state:ok`.
     async fn probe(&self) -> Result<(), String> {
         let conn = self.conn().map_err(|e| e.to_string())?;
-        let (addr, slots, info) = match self.ask_a_node(conn).await {
+        let answer = match self.ask_a_node(conn).await {
             Ok(answer) => answer,
             Err(err) => {
                 if let Error::RedisUnavailable(fault, _) = &err {
@@ -394,14 +394,17 @@ impl Cluster {
                 return Err(format!("Redis probe failed: {err}"));
             }
         };
-        let topo =
-            Topology::from_cluster_slots(&slots, &addr).ok_or("unexpected CLUSTER SLOTS reply")?;
-        self.install_topology(topo).await;
-        if !info.lines().any(|l| l.trim() == "cluster_state:ok") {
+        if !answer.ok {
+            // Its slot map may be stale (a master cut off from the cluster
+            // bus keeps the map it had): the installed one stays.
             return Err(format!(
-                "Redis reports cluster_state other than ok ({addr})"
+                "Redis reports cluster_state other than ok ({})",
+                answer.addr
             ));
         }
+        let topo = Topology::from_cluster_slots(&answer.slots, &answer.addr)
+            .ok_or("unexpected CLUSTER SLOTS reply")?;
+        self.install_topology(topo).await;
         let covered = self.topology().covered_slots();
         if covered != u32::from(SLOTS) {
             return Err(format!("only {covered} of 16384 slots are served"));
@@ -409,15 +412,25 @@ impl Cluster {
         Ok(())
     }
 
-    /// `CLUSTER SLOTS` and `CLUSTER INFO` of one node, named so that a slot
-    /// map's unnamed endpoints (`""`, `?`, NULL) can be read as that node:
-    /// the current masters in turn, then the first seed, until one answers
-    /// within the probe's time.
-    async fn ask_a_node(
-        &self,
-        mut conn: ClusterConnection,
-    ) -> Result<(String, Value, String), Error> {
-        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+    /// `CLUSTER SLOTS` and `CLUSTER INFO` of one node: the node that answered
+    /// `ok` last time, then the current masters in turn (by the addresses
+    /// the cluster gives them, which are the cluster client's names for its
+    /// connections), then any node the cluster client is connected to (before
+    /// the first slot map, and when no master of the last one answers). The
+    /// first node that answers `cluster_state:ok` within the probe's time
+    /// wins; failing that, the first that answered at all. `addr` names the
+    /// node, so that a slot map's unnamed endpoints (`""`, `?`, NULL) can be
+    /// read as that node; any node is named as the first seed, as the
+    /// cluster client names those endpoints itself.
+    ///
+    /// The seeds are not asked by their own names: the cluster client keeps
+    /// connections only under the names the cluster gives, and a seed
+    /// written otherwise (a host name where the cluster reports addresses,
+    /// or a seed that is down) is no connection of it. Asking by such a name
+    /// failed, and made the client rebuild every connection from the seeds,
+    /// at every probe: the daemon never became ready.
+    async fn ask_a_node(&self, mut conn: ClusterConnection) -> Result<NodeAnswer, Error> {
+        use redis::cluster_routing::SingleNodeRoutingInfo;
         // The node that answered last time first: asking a master that just
         // died (the first in address order, every 500 ms until its replica
         // took over) made the cluster client drop and rebuild every node
@@ -429,48 +442,69 @@ impl Cluster {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let mut candidates: Vec<String> = last.into_iter().collect();
-        for addr in self.topology().masters.iter().chain([&self.seed_addr]) {
-            if !candidates.contains(addr) {
-                candidates.push(addr.clone());
+        let mut candidates: Vec<Option<String>> = last.into_iter().map(Some).collect();
+        for addr in &self.topology().masters {
+            if !candidates.iter().any(|c| c.as_ref() == Some(addr)) {
+                candidates.push(Some(addr.clone()));
             }
         }
+        candidates.push(None);
         let deadline = Deadline::after(self.timeout);
         let mut failure =
             Error::RedisUnavailable(RedisFault::NotConnected, "no node to ask".into());
-        for addr in candidates {
-            let Some((host, port)) = addr
-                .rsplit_once(':')
-                .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
-            else {
-                continue;
+        let mut not_ok = None;
+        for candidate in candidates {
+            let (route, addr) = match &candidate {
+                Some(addr) => {
+                    let Some((host, port)) = addr
+                        .rsplit_once(':')
+                        .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
+                    else {
+                        continue;
+                    };
+                    (SingleNodeRoutingInfo::ByAddress { host, port }, addr)
+                }
+                None => (SingleNodeRoutingInfo::Random, &self.seed_addr),
             };
-            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+            let mut pipe = redis::pipe();
+            pipe.add_command(cluster_cmd("SLOTS"))
+                .add_command(cluster_cmd("INFO"));
             let ask = async {
-                let slots = conn
-                    .route_command(cluster_cmd("SLOTS"), route.clone())
-                    .await?;
-                let info = conn.route_command(cluster_cmd("INFO"), route).await?;
-                Ok((
-                    slots,
-                    String::from_redis_value(info).map_err(redis::RedisError::from)?,
-                ))
+                let mut replies = conn.route_pipeline(pipe, 0, 2, route).await?.into_iter();
+                let (Some(slots), Some(info)) = (replies.next(), replies.next()) else {
+                    return Err(Error::Internal(
+                        "CLUSTER SLOTS and INFO: short reply".into(),
+                    ));
+                };
+                let info = String::from_redis_value(info).map_err(redis::RedisError::from)?;
+                Ok((slots, info))
             };
             // Half of what is left for each node: a black-holed master
             // leaves time to ask another.
             let budget = Deadline::after(deadline.remaining() / 2);
             match budget.within(ask).await {
                 Ok((slots, info)) => {
+                    let answer = NodeAnswer {
+                        ok: info.lines().any(|l| l.trim() == "cluster_state:ok"),
+                        addr: addr.clone(),
+                        slots,
+                    };
+                    if !answer.ok {
+                        // A node cut off from the others: not asked first
+                        // next time, and another may know better.
+                        not_ok.get_or_insert(answer);
+                        continue;
+                    }
                     *self
                         .last_asked
                         .lock()
-                        .unwrap_or_else(PoisonError::into_inner) = Some(addr.clone());
-                    return Ok((addr, slots, info));
+                        .unwrap_or_else(PoisonError::into_inner) = candidate;
+                    return Ok(answer);
                 }
                 Err(err) => failure = err,
             }
         }
-        Err(failure)
+        not_ok.ok_or(failure)
     }
 
     async fn install_topology(&self, topo: Topology) {
@@ -556,6 +590,16 @@ impl Cluster {
 /// `LOADING`: 10, 20, 40, then 50 ms.
 fn later_pause(n: u32) -> Duration {
     Duration::from_millis((5u64 << n.min(4)).min(50))
+}
+
+/// What one node said of the cluster, for a readiness probe.
+struct NodeAnswer {
+    /// The node, `host:port`.
+    addr: String,
+    /// Its `CLUSTER SLOTS` reply.
+    slots: Value,
+    /// Whether its `CLUSTER INFO` says `cluster_state:ok`.
+    ok: bool,
 }
 
 fn cluster_cmd(sub: &str) -> Cmd {
