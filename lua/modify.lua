@@ -76,6 +76,12 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- The hold keeps its expiry, as digits: a number handed to redis.call is
 -- printed with "%.17g" (see hold.lua).
 local at = string.format('%d', redis.call('PEXPIRETIME', KEYS[1]))
+-- The record was alive when the script began (Redis keeps a key alive for
+-- the whole script), but TIME reads the clock, which may have passed the
+-- expiry millisecond since: the change is dated no later than the expiry,
+-- so that it answers no negative expiresInMs and prunes none of its own
+-- pool units as expired.
+now = math.min(now, tonumber(at))
 
 -- Added seats must be free; taken ones are answered with the pools that
 -- are short too, as hold.lua does, so the client learns all at once.
