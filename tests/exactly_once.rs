@@ -380,29 +380,94 @@ async fn an_abandoned_hold_is_not_counted_as_an_expiry_with_events_off() {
                 .send()
                 .await
                 .expect("hold");
-            resp.status().as_u16()
+            let status = resp.status().as_u16();
+            (
+                status,
+                common::lenient_json(&resp.bytes().await.expect("body")),
+            )
         }
     };
     let prefixed = KeySpace::new("abandon-off:");
+    let slot = prefixed.show_slot(&sh);
     let master = cluster()
-        .master_port_for_slot(prefixed.show_slot(&sh))
+        .master_port_for_slot(slot)
         .await
         .expect("master of the show's slot");
+    let mut node = common::node(master).await;
     // Connections in place; and the control, a hold that runs out.
-    assert_eq!(hold("C1", 2_500).await, 201);
+    let (status, control) = hold("C1", 2_500).await;
+    assert_eq!(status, 201, "{control}");
+    let control = prefixed.hold_record(&sh, &token_of(&control));
+    let left: i64 = node.pttl(&control).await.expect("PTTL");
+    assert!(
+        (1..=2_500).contains(&left),
+        "the control's record {control}: PTTL {left}"
+    );
     let (expiries, orphans) = (
         metric("seathold_hold_expiries_total").await,
         metric("seathold_orphan_releases_total").await,
     );
     pause_writes(master, 1_500).await;
-    assert_eq!(hold("A1", 2_000).await, 503, "a hold during the pause");
+    let (status, body) = hold("A1", 2_000).await;
+    assert_eq!(status, 503, "a hold during the pause: {body}");
     common::eventually(Duration::from_secs(5), "the hold abandoned", || async {
         metric("seathold_orphan_releases_total").await > orphans
     })
     .await;
-    // The control has run out (2.5 s), and the tombstone (2 s from the
-    // abandon, at the pause's end) too, with a margin for notifications.
-    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    // The abandoned hold's tombstone: the one other record of the show,
+    // kept for the hold's TTL (2 s from the abandon).
+    let records = prefixed.hold_record(&sh, "");
+    let (_, in_slot) = common::keys_in_slot(slot).await;
+    let others: Vec<&String> = in_slot
+        .iter()
+        .filter(|k| k.starts_with(&records) && **k != control)
+        .collect();
+    assert_eq!(
+        others.len(),
+        1,
+        "records of {sh} besides the control: {in_slot:?}"
+    );
+    let tombstone = others[0].clone();
+    let value: Option<String> = node.get(&tombstone).await.expect("GET");
+    assert_eq!(value.as_deref(), Some("abandoned"), "{tombstone}");
+    let left: i64 = node.pttl(&tombstone).await.expect("PTTL");
+    assert!(
+        (1..=2_000).contains(&left),
+        "the tombstone {tombstone}: PTTL {left}"
+    );
+    // The abandon claimed the expiry, for longer than the tombstone lasts.
+    let abandoned = tombstone.strip_prefix(&records).expect("a token");
+    let claim = prefixed.expiry_claim(&sh, abandoned);
+    let claimed: i64 = node.pttl(&claim).await.expect("PTTL");
+    assert!(claimed > left, "the claim {claim}: PTTL {claimed}");
+    // Redis deletes a key whose TTL is over (and notifies its expiry) when
+    // it is read, or when its background cycle samples it, which can take
+    // seconds: each record is read until it is gone, so that both
+    // notifications come now (the control's, 2.5 s, and the tombstone's).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut left = Vec::new();
+        for key in [&control, &tombstone] {
+            let exists: bool = node.exists(key).await.expect("EXISTS");
+            if exists {
+                left.push(key.clone());
+            }
+        }
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "records still in Redis 10 s after the abandon: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    common::eventually(Duration::from_secs(5), "the control's expiry", || async {
+        metric("seathold_hold_expiries_total").await > expiries
+    })
+    .await;
+    // Both notifications have come well within this.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert_eq!(
         metric("seathold_hold_expiries_total").await,
         expiries + 1.0,
