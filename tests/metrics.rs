@@ -33,7 +33,8 @@ async fn counters_follow_a_known_sequence() {
     )
     .await;
     let subscribed = std::time::Instant::now();
-    let before = scrape(&s.metrics().await);
+    let before_text = s.metrics().await;
+    let before = scrape(&before_text);
 
     // 3 holds, 6 seats.
     let a = s.hold(&sh, &["A1", "A2"]).await;
@@ -110,13 +111,15 @@ async fn counters_follow_a_known_sequence() {
     assert_eq!(status, 201);
 
     // Redis emits `expired` when it deletes the key, which can trail the TTL.
-    let mut after = scrape(&s.metrics().await);
+    let mut after_text = s.metrics().await;
+    let mut after = scrape(&after_text);
     for _ in 0..300 {
         if delta(&before, &after, "seathold_hold_expiries_total") >= 1.0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-        after = scrape(&s.metrics().await);
+        after_text = s.metrics().await;
+        after = scrape(&after_text);
     }
     let expect = [
         ("seathold_holds_total", 4.0),
@@ -150,6 +153,15 @@ async fn counters_follow_a_known_sequence() {
         if got != want {
             wrong.push(format!("{series}: moved by {got}, expected {want}"));
         }
+    }
+    // No Redis error of any kind, not only of the kinds named above.
+    let errors = "seathold_redis_errors_total";
+    let errors_moved =
+        common::series_sum(&after_text, errors) - common::series_sum(&before_text, errors);
+    if errors_moved != 0.0 {
+        wrong.push(format!(
+            "{errors} (every kind): moved by {errors_moved}, expected 0"
+        ));
     }
     assert!(
         wrong.is_empty(),
