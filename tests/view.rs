@@ -829,12 +829,15 @@ async fn a_late_expiry_does_not_free_a_seat_held_again() {
 /// the new reader pins its starting position, and neither would see it.
 /// 30 rounds, each a new show whose E1 B holds: A's first request (which
 /// makes the view) and B's release race; 300 ms later A must grant E1.
+/// Then A's view answers a read of E1 (held by A now): the round's view
+/// was made and is in use, so the race was the view's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_while_the_view_is_made_is_not_lost() {
     let _lock = exclusive().await;
     let a = server_with(with_view()).await;
     let b = server_with(without_view()).await;
     let mut refused = Vec::new();
+    let r0 = answers(&a, "read").await;
     for round in 0..30u64 {
         let sh = show("race");
         let token = held(&b, &sh, "E1", None).await;
@@ -850,9 +853,16 @@ async fn a_release_while_the_view_is_made_is_not_lost() {
         let (status, body) = hold_one(&a, &sh, "E1", None).await;
         if status != 201 {
             refused.push(format!("round {round}: {status} {body}"));
+            continue;
         }
+        wait_view(&a, &sh, "E1").await;
     }
     assert!(refused.is_empty(), "released seats refused: {refused:#?}");
+    let read = answers(&a, "read").await - r0;
+    assert!(
+        read >= 30.0,
+        "the views answered {read} reads in 30 rounds: the test proves nothing"
+    );
 }
 
 /// 9. Only requests a view could answer make a show busy: 30 granted holds
