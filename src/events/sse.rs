@@ -6,9 +6,11 @@
 //! order. A comment line every heartbeat keeps proxies from closing an idle
 //! stream. The body is fed through a small bounded channel: a client that
 //! stops reading fills it, and once it has stayed full for [`STALL`] the
-//! client is disconnected (its connection closed), as is one that falls
-//! more than [`super::hub::BUFFER`] events behind the reader, so the
-//! daemon's memory stays bounded whatever its clients do.
+//! client is disconnected (its connection closed), so the daemon's memory
+//! stays bounded whatever its clients do. A client that reads but falls
+//! more than [`super::hub::BUFFER`] events behind the reader (a burst
+//! larger than that, read at once) reads what it missed from the stream,
+//! as a resuming client does, and goes on with the live events.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -173,34 +175,7 @@ async fn feed_client(
             Bytes::from(format!(": seathold events\nid: {announced}\n\n")),
         )
         .await?;
-        let mut page = first;
-        loop {
-            for event in &page.events {
-                send(&tx, frame(event)).await?;
-                cursor = event.event_id;
-            }
-            // Past entries that are not events too.
-            if let Some(last) = page.last {
-                cursor = cursor.max(last);
-            }
-            if page.entries < PAGE {
-                break;
-            }
-            let deadline = sub.cluster.deadline();
-            page = match read(
-                &sub.cluster,
-                &sub.keys,
-                &deadline,
-                &sub.show,
-                Cursor::After(cursor),
-                Span::new(PAGE, sub.max_len),
-            )
-            .await
-            {
-                Ok(page) => page,
-                Err(_) => return Err(End::Gone),
-            };
-        }
+        catch_up(&sub, &tx, &mut cursor, first).await?;
         let mut beat = tokio::time::interval(heartbeat);
         beat.tick().await;
         loop {
@@ -219,7 +194,21 @@ async fn feed_client(
                         delivered(&event);
                     }
                     Ok(_) => {}
-                    Err(broadcast::error::RecvError::Lagged(_)) => return Err(End::TooSlow),
+                    // Behind the reader by more than the channel keeps:
+                    // a burst (a backlog the reader read after a pause
+                    // of its own, more than one reply's worth at once)
+                    // outran a client that reads, which would stop
+                    // reading nothing sooner than it fills its buffer
+                    // (then [`send`] ends it). What it missed is in the
+                    // stream: read it from there, as a resuming client's
+                    // missed events are, then go on with the live ones
+                    // after it (the channel keeps the newest).
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        tracing::debug!(show = %sub.show, "event subscriber behind the reader; catching up from the stream");
+                        let deadline = sub.cluster.deadline();
+                        let page = read_after(&sub, &deadline, cursor).await?;
+                        catch_up(&sub, &tx, &mut cursor, page).await?;
+                    }
                     Err(broadcast::error::RecvError::Closed) => return Err(End::Gone),
                 },
                 _ = beat.tick() => send(&tx, Bytes::from_static(b": keep-alive\n\n")).await?,
@@ -238,6 +227,53 @@ async fn feed_client(
         metrics::counter!(m::EVENT_SUBSCRIBERS_DROPPED).increment(1);
         tracing::debug!(show = %sub.show, "event subscriber too slow; disconnected");
     }
+}
+
+/// Sends the events of `page` and of the pages after it, up to the
+/// stream's newest, advancing `cursor`.
+async fn catch_up(
+    sub: &Subscription,
+    tx: &mpsc::Sender<Bytes>,
+    cursor: &mut EventId,
+    mut page: super::Read,
+) -> Result<(), End> {
+    loop {
+        for event in &page.events {
+            if event.event_id > *cursor {
+                send(tx, frame(event)).await?;
+                *cursor = event.event_id;
+            }
+        }
+        // Past entries that are not events too.
+        if let Some(last) = page.last {
+            *cursor = (*cursor).max(last);
+        }
+        if page.entries < PAGE {
+            return Ok(());
+        }
+        let deadline = sub.cluster.deadline();
+        page = read_after(sub, &deadline, *cursor).await?;
+    }
+}
+
+/// A page of the events after `cursor`. A failed read (events after it
+/// trimmed away, or Redis unavailable) ends the stream: the client resumes
+/// from its last id, and learns of a trimmed stream by its 410.
+async fn read_after(
+    sub: &Subscription,
+    deadline: &Deadline,
+    cursor: EventId,
+) -> Result<super::Read, End> {
+    read(
+        &sub.cluster,
+        &sub.keys,
+        deadline,
+        &sub.show,
+        Cursor::After(cursor),
+        Span::new(PAGE, sub.max_len),
+    )
+    .await
+    .map_err(|_| End::Gone)
 }
 
 /// Completes when `closing` turns true (or its sender is gone).
