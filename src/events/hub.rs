@@ -7,8 +7,9 @@
 //! stream's newest entry on. A subscriber waits until the reader has pinned
 //! that position ([`Feed::started`]) before it reads what it missed with
 //! [`super::read`], so that nothing falls between the two. Each event goes to a broadcast channel; a
-//! subscriber that falls more than [`BUFFER`] events behind is dropped by the
-//! channel (and disconnected by [`super::sse`]). The reader stops when its
+//! subscriber that falls more than [`BUFFER`] events behind loses its place
+//! in the channel and reads what it missed from the stream
+//! ([`super::sse`]). The reader stops when its
 //! last subscriber has gone and the show's seat view is idle, or at
 //! shutdown ([`Hub::close`]).
 
@@ -27,7 +28,8 @@ use crate::error::Error;
 use crate::ids::ShowId;
 use crate::keys::KeySpace;
 
-/// Events a subscriber may fall behind before it is dropped.
+/// Events a subscriber may fall behind before it reads what it missed
+/// from the stream instead.
 pub const BUFFER: usize = 1024;
 
 /// How long one XREAD blocks when no seat view needs a shorter bound; the
@@ -249,6 +251,11 @@ impl Hub {
             let Some(c) = conn.as_mut() else {
                 conn = self.connect(slot).await;
                 if conn.is_none() {
+                    // As after a failed read: the master may be failing
+                    // over, and what the view learned from Redis's answers
+                    // meanwhile (before the first pin too) may be gone from
+                    // the next one. The first read after it checks.
+                    resumed = true;
                     back_off(&mut backoff).await;
                 }
                 continue;
@@ -266,6 +273,7 @@ impl Hub {
                     // Refused (ACL, LOADING, MOVED) or broken: pause as
                     // after a failed XREAD, not reconnect in a tight loop.
                     conn = None;
+                    resumed = true;
                     back_off(&mut backoff).await;
                 }
                 continue;
@@ -357,7 +365,6 @@ impl Hub {
                             }
                             Ok(false) => {}
                             Ok(true) => {
-                                lost_events(&show, &feed);
                                 // Entries in this reply are the first after
                                 // the gap: the view learns from them. None
                                 // may mean that the stream goes on below a
@@ -367,8 +374,15 @@ impl Hub {
                                 if count == 0 {
                                     // Subscribers arriving meanwhile wait
                                     // for the new position, as for a new
-                                    // reader's.
+                                    // reader's: before the gap is told, so
+                                    // that one arriving after it (which
+                                    // does not hear of it) cannot read up to
+                                    // a position below the one the reader
+                                    // then pins, and miss what lies between.
                                     started.send_replace(false);
+                                }
+                                lost_events(&show, &feed);
+                                if count == 0 {
                                     last = None;
                                     added = 0;
                                     resumed = false;
