@@ -2194,20 +2194,7 @@ async fn a_burst_larger_than_the_channel_reaches_a_client_that_looked_away() {
     // A small receive buffer: the daemon's writes back up at once.
     let mut client = raw_sse(d.addr, &sh, Some(4096)).await;
     let dropped_before = metric(&d, "seathold_event_subscribers_dropped_total").await;
-    let mut r = common::redis().await;
-    let _: () = redis::cmd("EVAL")
-        .arg(
-            "for i = 1, tonumber(ARGV[1]) do \
-               redis.call('XADD', KEYS[1], '*', 't', 'held', 'r', '00000000000000ff', \
-                 's', 'B' .. i, 'l', '60000') \
-             end",
-        )
-        .arg(1)
-        .arg(ks.events(&sh))
-        .arg(n)
-        .query_async(&mut r)
-        .await
-        .expect("EVAL");
+    write_burst(&ks, &sh, n).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut seen = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
@@ -2247,6 +2234,25 @@ async fn a_burst_larger_than_the_channel_reaches_a_client_that_looked_away() {
     );
 }
 
+/// Writes `n` `held` events of seats B1..Bn to `show`'s stream in one
+/// script.
+async fn write_burst(ks: &seathold::keys::KeySpace, show: &str, n: usize) {
+    let mut r = common::redis().await;
+    let _: () = redis::cmd("EVAL")
+        .arg(
+            "for i = 1, tonumber(ARGV[1]) do \
+               redis.call('XADD', KEYS[1], '*', 't', 'held', 'r', '00000000000000ff', \
+                 's', 'B' .. i, 'l', '60000') \
+             end",
+        )
+        .arg(1)
+        .arg(ks.events(show))
+        .arg(n)
+        .query_async(&mut r)
+        .await
+        .expect("EVAL");
+}
+
 /// Writes `n` events to a new show's stream in one script while one client
 /// reads its SSE stream; asserts the client gets all of them, in order, and
 /// is not dropped.
@@ -2259,20 +2265,7 @@ async fn burst_reaches_a_reading_client(n: usize) {
     assert_eq!(status, 200);
     let mut sub = sub.expect("subscribed");
     let dropped_before = metric(&d, "seathold_event_subscribers_dropped_total").await;
-    let mut r = common::redis().await;
-    let _: () = redis::cmd("EVAL")
-        .arg(
-            "for i = 1, tonumber(ARGV[1]) do \
-               redis.call('XADD', KEYS[1], '*', 't', 'held', 'r', '00000000000000ff', \
-                 's', 'B' .. i, 'l', '60000') \
-             end",
-        )
-        .arg(1)
-        .arg(ks.events(&sh))
-        .arg(n)
-        .query_async(&mut r)
-        .await
-        .expect("EVAL");
+    write_burst(&ks, &sh, n).await;
     let got = sub.take(n).await;
     let seats: Vec<String> = got
         .iter()
