@@ -376,6 +376,55 @@ async fn validation_errors_never_reach_redis() {
         let body: Value = r.json().await.expect("json");
         common::assert_error(status, &body, want_status, code);
     }
+    // A key given twice inside an object of the body (JSON text, as a
+    // `json!` map cannot hold it): before, the last one silently won, so
+    // `{"seat":"E7","seat":"E8"}` held E8 alone and `{"floor":1,"floor":5}`
+    // five units; a key given twice at the top was already 400.
+    let multi = format!("{}/v1/holds", s.base);
+    let twice = [
+        (
+            "POST",
+            multi.clone(),
+            r#"{"seats":[{"show":"a","seat":"E7","seat":"E8"}]}"#,
+        ),
+        (
+            "POST",
+            multi.clone(),
+            r#"{"seats":[{"show":"a","pool":"floor","quantity":1,"quantity":5}]}"#,
+        ),
+        (
+            "POST",
+            format!("{}{holds}", s.base),
+            r#"{"seats":["E7"],"pools":{"floor":1,"floor":5}}"#,
+        ),
+        (
+            "POST",
+            format!("{}{holds}", s.base),
+            r#"{"seats":["E7"],"ttlMs":1000,"ttlMs":2000}"#,
+        ),
+        (
+            "PATCH",
+            format!(
+                "{}/v1/shows/{sh}/holds/3f2b8c1e-9a4d-4e6f-8b7a-1c2d3e4f5a6b",
+                s.base
+            ),
+            r#"{"pools":{"floor":1,"floor":2}}"#,
+        ),
+    ];
+    for (method, url, body) in twice {
+        let r = s
+            .http
+            .request(method.parse().expect("method"), &url)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("send");
+        let status = r.status().as_u16();
+        let answer: Value = r.json().await.expect("json");
+        assert_eq!(status, 400, "{method} {body}: {answer}");
+        common::assert_error(status, &answer, 400, "invalid_request");
+    }
     let huge = json!({"seats": ["E7"], "pad": "x".repeat(70_000)}).to_string();
     let r = s
         .http

@@ -26,6 +26,48 @@ where
     type Fault = B::Error;
 }
 
+/// A JSON object whose keys are each given once. serde_json keeps the last
+/// of a key given twice in a map (a struct refuses it): `{"seat":"E7",
+/// "seat":"E8"}` would hold E8 alone, and `{"floor":1,"floor":5}` five
+/// units. Such a body is 400 `invalid_request`, as a key twice at the top.
+pub struct Object(serde_json::Map<String, serde_json::Value>);
+
+impl<'de> Deserialize<'de> for Object {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Keys;
+        impl<'de> serde::de::Visitor<'de> for Keys {
+            type Value = serde_json::Map<String, serde_json::Value>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut out = serde_json::Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if out.contains_key(&key) {
+                        return Err(serde::de::Error::custom(format_args!(
+                            "duplicate key `{key}`"
+                        )));
+                    }
+                    let value = map.next_value()?;
+                    out.insert(key, value);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(Keys).map(Object)
+    }
+}
+
+/// A map field read as an [`Object`].
+fn unique_keys<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<serde_json::Map<String, serde_json::Value>, D::Error> {
+    Object::deserialize(d).map(|o| o.0)
+}
+
 /// `POST /v1/shows/{show}/holds`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -33,7 +75,7 @@ pub struct ShowHoldBody {
     #[serde(default)]
     pub seats: Vec<String>,
     /// Pool units: `{"floor":2}`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "unique_keys")]
     pub pools: serde_json::Map<String, serde_json::Value>,
     #[serde(default)]
     pub holder: Option<serde_json::Value>,
@@ -61,7 +103,7 @@ pub struct RawSeatRef {
 pub struct MultiHoldBody {
     /// Objects only: read as [`RawSeatRef`] directly, serde would also take
     /// a `["show", "seat"]` array; see [`MultiHoldBody::seats`].
-    seats: Vec<serde_json::Map<String, serde_json::Value>>,
+    seats: Vec<Object>,
     #[serde(default)]
     pub ttl_ms: Option<serde_json::Value>,
     #[serde(default)]
@@ -101,7 +143,7 @@ pub struct ChangeBody {
     #[serde(default)]
     pub remove: Vec<String>,
     /// New quantities per pool (0 gives a pool's units back).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "unique_keys")]
     pub pools: serde_json::Map<String, serde_json::Value>,
 }
 
@@ -150,7 +192,7 @@ impl MultiHoldBody {
     pub fn seats(&self) -> Result<Vec<RawSeatRef>, Error> {
         self.seats
             .iter()
-            .map(|s| serde_json::from_value(serde_json::Value::Object(s.clone())))
+            .map(|s| serde_json::from_value(serde_json::Value::Object(s.0.clone())))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| Error::InvalidRequest(format!("invalid JSON body: {e}")))
     }
