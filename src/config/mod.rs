@@ -76,7 +76,7 @@ pub enum Command {
     Dev(DevOptions),
     /// Check a Redis Cluster before an on-sale: state and slot coverage,
     /// replicas, the redis.conf settings seathold needs, the user's ACL
-    /// rights, the masters' clocks and script loading. Prints one line per
+    /// rights, the nodes' clocks and script loading. Prints one line per
     /// check (PASS, WARN or FAIL, what was found, what to change); exits 1
     /// when a check fails. Takes serve's flags and uses the Redis ones,
     /// --key-prefix, --redis-timeout-ms and --confirm-wait-replicas.

@@ -5,7 +5,7 @@
 //! followed by `; <what to change>` when it warns or fails. The checks:
 //!
 //! - [`topology`]: cluster state and slot coverage, a replica behind every
-//!   master, the masters' clocks.
+//!   master, the nodes' clocks (replicas too).
 //! - [`settings`]: the `redis.conf` settings seathold depends on, on every
 //!   node (a replica is a master after a failover).
 //! - [`rights`]: the configured user's ACL rights, proven by running every

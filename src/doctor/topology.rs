@@ -1,5 +1,5 @@
 //! The cluster's shape: its state and slot coverage, a replica behind every
-//! master, and the masters' clocks.
+//! master, and the nodes' clocks.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -95,13 +95,15 @@ pub(super) fn replicas(nodes: &Nodes, wanted: u32) -> Check {
     )
 }
 
-/// The masters' `TIME`s, each against this host's clock at the middle of
-/// its round trip, so that the spread is the masters' disagreement.
+/// Every node's `TIME`, each against this host's clock at the middle of its
+/// round trip, so that the spread is the nodes' disagreement. Replicas too:
+/// a promoted replica's clock dates the fences it gives (a replica behind
+/// the others can hand out a fence lower than one already given).
 pub(super) async fn clocks(nodes: &Nodes) -> Check {
     let mut offsets = Vec::new();
     let mut failed = Vec::new();
     let mut worst_rtt = Duration::ZERO;
-    for (addr, mut conn) in nodes.masters() {
+    for (addr, mut conn) in nodes.all() {
         let before = SystemTime::now();
         let reply: redis::RedisResult<(u64, u64)> =
             nodes.query(&mut conn, &redis::cmd("TIME")).await;
@@ -136,11 +138,11 @@ pub(super) async fn clocks(nodes: &Nodes) -> Check {
         .fold(f64::NEG_INFINITY, f64::max);
     let spread = if offsets.is_empty() { 0.0 } else { max - min };
     let found = format!(
-        "the {} masters' clocks are within {spread:.0} ms of each other (measured to about {} ms)",
+        "the {} nodes' clocks (masters and replicas) are within {spread:.0} ms of each other (measured to about {} ms)",
         offsets.len(),
         worst_rtt.as_millis().max(1)
     );
-    let fix = "synchronise the masters' clocks (chrony or systemd-timesyncd against one NTP source): fences stay ordered across a failover only while the clocks agree to within a second";
+    let fix = "synchronise the nodes' clocks (chrony or systemd-timesyncd against one NTP source): fences stay ordered across a failover only while the clocks agree to within a second";
     if spread > CLOCK_FAIL_MS {
         Check::new(Status::Fail, "clocks", found, fix)
     } else if spread > CLOCK_WARN_MS {
