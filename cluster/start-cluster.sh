@@ -143,6 +143,15 @@ listening() {
   (: <"/dev/tcp/$host/$1") 2>/dev/null
 }
 
+# A value as one argument of a Redis configuration line: Redis splits lines
+# at spaces, and reads "…" with backslash escapes as one argument.
+conf_quote() {
+  local s="$1"
+  s="${s//\\/\\\\}"
+  s="${s//\"/\\\"}"
+  printf '"%s"' "$s"
+}
+
 # Writes DIR/PORT/node.conf: the template, then what is specific to this
 # node. Later directives override earlier ones, except `dir`: Redis changes
 # into it while it reads the file, so the template's (a system path such as
@@ -160,16 +169,16 @@ write_node_conf() {
       grep -Ev '^[[:space:]]*dir[[:space:]]' "$template"
       echo "bind $host"
       echo "port $port"
-      echo "dir $node"
+      echo "dir $(conf_quote "$node")"
       echo "cluster-config-file nodes.conf"
       echo "daemonize yes"
       echo "supervised no"
-      echo "pidfile $node/redis.pid"
-      echo "logfile $node/redis.log"
+      echo "pidfile $(conf_quote "$node/redis.pid")"
+      echo "logfile $(conf_quote "$node/redis.log")"
       if [[ -n "$aclfile" ]]; then
-        echo "aclfile $aclfile"
-        echo "masteruser ${REDIS_REPL_USER:-replicator}"
-        echo "masterauth $REDIS_REPL_PASSWORD"
+        echo "aclfile $(conf_quote "$aclfile")"
+        echo "masteruser $(conf_quote "${REDIS_REPL_USER:-replicator}")"
+        echo "masterauth $(conf_quote "$REDIS_REPL_PASSWORD")"
       else
         echo 'aclfile ""'
       fi

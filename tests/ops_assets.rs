@@ -297,11 +297,13 @@ fn stop_cluster(data: &Path) -> std::process::Output {
 /// The moment `cluster/start-cluster.sh` says "cluster ready", the cluster
 /// passes `seathold doctor`. Before, it said so about 3 s before Redis 7.0
 /// listed the replicas in CLUSTER SLOTS, and a doctor run right after it
-/// failed "masters with too few replicas" (3 runs out of 3).
+/// failed "masters with too few replicas" (3 runs out of 3). Its data
+/// folder's name has a space: the script wrote the nodes' paths into their
+/// configuration unquoted, and Redis refused `dir /tmp/my dir/…`.
 #[test]
 fn a_cluster_the_script_calls_ready_passes_the_doctor() {
     let data = std::env::temp_dir().join(format!(
-        "seathold-ready-cluster-{}",
+        "seathold ready cluster-{}",
         uuid::Uuid::new_v4().simple()
     ));
     let ports = node_ports(6);
