@@ -194,15 +194,14 @@ async fn feed_client(
                         delivered(&event);
                     }
                     Ok(_) => {}
-                    // Behind the reader by more than the channel keeps:
-                    // a burst (a backlog the reader read after a pause
-                    // of its own, more than one reply's worth at once)
-                    // outran a client that reads, which would stop
-                    // reading nothing sooner than it fills its buffer
-                    // (then [`send`] ends it). What it missed is in the
-                    // stream: read it from there, as a resuming client's
-                    // missed events are, then go on with the live ones
-                    // after it (the channel keeps the newest).
+                    // Behind the reader by more than the channel keeps: a
+                    // burst (a backlog the reader read in replies back to
+                    // back) outran a client that reads. What it missed is
+                    // in the stream: it reads that from there, as a
+                    // resuming client does, then goes on with the live
+                    // events after it (the channel keeps the newest). A
+                    // client that stopped reading is still ended by
+                    // [`send`], once its buffer stayed full for [`STALL`].
                     Err(broadcast::error::RecvError::Lagged(_)) => {
                         tracing::debug!(show = %sub.show, "event subscriber behind the reader; catching up from the stream");
                         let deadline = sub.cluster.deadline();
