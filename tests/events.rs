@@ -2199,11 +2199,10 @@ async fn a_burst_larger_than_the_channel_reaches_a_client_that_looked_away() {
     let mut seen = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
     let until = Instant::now() + Duration::from_secs(60);
-    let count = |seen: &[u8]| {
-        String::from_utf8_lossy(seen)
-            .matches("\nevent: held\n")
-            .count()
-    };
+    // Whole frames: a frame's `data:` line (JSON) and the blank line that
+    // ends it. Counting `event:` lines stopped reading once the last frame
+    // had begun to arrive, with its data cut short.
+    let count = |seen: &[u8]| String::from_utf8_lossy(seen).matches("}\n\n").count();
     while count(&seen) < n && Instant::now() < until {
         match tokio::time::timeout(Duration::from_secs(5), client.read(&mut buf)).await {
             Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
@@ -2215,7 +2214,8 @@ async fn a_burst_larger_than_the_channel_reaches_a_client_that_looked_away() {
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
         .map(|data| {
-            let event: Value = serde_json::from_str(data).expect("an event's JSON");
+            let event: Value = serde_json::from_str(data)
+                .unwrap_or_else(|e| panic!("an event's JSON ({e}): {data}"));
             event["seats"][0].as_str().unwrap_or_default().to_owned()
         })
         .collect();
