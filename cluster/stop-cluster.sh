@@ -63,7 +63,15 @@ node_pid() {
   [[ -s "$pidfile" ]] || return 1
   pid="$(<"$pidfile")"
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
-  [[ "$(ps -o comm= -p "$pid" 2>/dev/null)" == redis-server* ]] || return 1
+  # /proc where there is one: slim images have no ps, and without it no
+  # node was found, none stopped, and -x deleted their folders under them.
+  local comm
+  if [[ -r "/proc/$pid/comm" ]]; then
+    comm="$(<"/proc/$pid/comm")"
+  else
+    comm="$(ps -o comm= -p "$pid" 2>/dev/null)"
+  fi
+  [[ "${comm##*/}" == redis-server* ]] || return 1
   echo "$pid"
 }
 

@@ -327,6 +327,11 @@ fn a_cluster_the_script_calls_ready_passes_the_doctor() {
         String::from_utf8_lossy(&doctor.stderr)
     );
     assert!(stopped.status.success(), "stop-cluster.sh: {stopped:?}");
+    assert!(
+        String::from_utf8_lossy(&stopped.stdout).contains("stopped 6 node(s)"),
+        "stop-cluster.sh stops every node: {}",
+        String::from_utf8_lossy(&stopped.stdout)
+    );
 }
 
 /// `cluster/start-cluster.sh` brings a cluster up from a template whose
