@@ -30,7 +30,7 @@ where
 /// of a key given twice in a map (a struct refuses it): `{"seat":"E7",
 /// "seat":"E8"}` would hold E8 alone, and `{"floor":1,"floor":5}` five
 /// units. Such a body is 400 `invalid_request`, as a key twice at the top.
-pub struct Object(serde_json::Map<String, serde_json::Value>);
+struct Object(serde_json::Map<String, serde_json::Value>);
 
 impl<'de> Deserialize<'de> for Object {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
