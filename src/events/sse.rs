@@ -204,8 +204,7 @@ async fn feed_client(
                     // [`send`], once its buffer stayed full for [`STALL`].
                     Err(broadcast::error::RecvError::Lagged(_)) => {
                         tracing::debug!(show = %sub.show, "event subscriber behind the reader; catching up from the stream");
-                        let deadline = sub.cluster.deadline();
-                        let page = read_after(&sub, &deadline, cursor).await?;
+                        let page = read_after(&sub, cursor).await?;
                         catch_up(&sub, &tx, &mut cursor, page).await?;
                     }
                     Err(broadcast::error::RecvError::Closed) => return Err(End::Gone),
@@ -250,23 +249,19 @@ async fn catch_up(
         if page.entries < PAGE {
             return Ok(());
         }
-        let deadline = sub.cluster.deadline();
-        page = read_after(sub, &deadline, *cursor).await?;
+        page = read_after(sub, *cursor).await?;
     }
 }
 
-/// A page of the events after `cursor`. A failed read (events after it
-/// trimmed away, or Redis unavailable) ends the stream: the client resumes
-/// from its last id, and learns of a trimmed stream by its 410.
-async fn read_after(
-    sub: &Subscription,
-    deadline: &Deadline,
-    cursor: EventId,
-) -> Result<super::Read, End> {
+/// A page of the events after `cursor`, within a Redis request's deadline
+/// of its own. A failed read (events after it trimmed away, or Redis
+/// unavailable) ends the stream: the client resumes from its last id, and
+/// learns of a trimmed stream by its 410.
+async fn read_after(sub: &Subscription, cursor: EventId) -> Result<super::Read, End> {
     read(
         &sub.cluster,
         &sub.keys,
-        deadline,
+        &sub.cluster.deadline(),
         &sub.show,
         Cursor::After(cursor),
         Span::new(PAGE, sub.max_len),
