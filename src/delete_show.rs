@@ -9,9 +9,12 @@
 //! under `<prefix>{show:<show>}`, finds its live holds (seats held, hold
 //! records, pool units and holder entries not yet expired on Redis's clock,
 //! and holds that ran out but whose `expired` event no daemon has written
-//! yet) and `UNLINK`s them. It refuses a show with a live hold (its own, another
-//! show's taking its pool units, or a raw `SET … NX PX` of another writer)
-//! unless `--force` says so, and a slot its master does not serve alone (a
+//! yet), and deletes the keys with `lua/delete_show.lua`, which checks
+//! again in the same step, batch by batch, that none of them belongs to a
+//! hold made since (a run that finds one deletes nothing and stops the
+//! command). It refuses a show with a live hold (its own, another show's
+//! taking its pool units, or a raw `SET … NX PX` of another writer) unless
+//! `--force` says so, and a slot its master does not serve alone (a
 //! resharding in progress).
 //!
 //! Run it as a user that may run those commands, `CLUSTER NODES`, `TIME`,
@@ -32,7 +35,7 @@ use crate::cluster::{Cluster, Readiness, RedisOptions, Topology};
 use crate::doctor::{connect, query, slot_map};
 use crate::ids::ShowId;
 use crate::keys::{KeySpace, SOLD_PREFIX};
-use crate::scripts::Scripts;
+use crate::scripts::{Script, Scripts};
 
 /// Keys per `MGET` and `UNLINK`.
 const BATCH: usize = 1000;
@@ -54,7 +57,7 @@ pub struct Outcome {
 }
 
 /// What became of a show.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     Deleted,
     /// `--dry-run`: nothing deleted.
@@ -63,18 +66,27 @@ pub enum Verdict {
     Refused,
     /// The show has no key: a mistyped id, or deleted already.
     NotFound,
+    /// A hold was made on the show after the check: `deleted` keys went
+    /// before the batch that found it live by `key`, and no more.
+    Interrupted {
+        deleted: usize,
+        key: String,
+    },
 }
 
 impl Verdict {
     /// Whether the command exits 1 for it.
-    pub fn fails(self) -> bool {
-        matches!(self, Self::Refused | Self::NotFound)
+    pub fn fails(&self) -> bool {
+        matches!(
+            self,
+            Self::Refused | Self::NotFound | Self::Interrupted { .. }
+        )
     }
 }
 
 impl fmt::Display for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let verdict = match self.verdict {
+        let verdict = match &self.verdict {
             Verdict::Deleted => "deleted",
             Verdict::WouldDelete => "would delete",
             Verdict::Refused => "refused",
@@ -83,6 +95,16 @@ impl fmt::Display for Outcome {
                     f,
                     "not found  show {}: no keys ({}, slot {})",
                     self.show, self.node, self.slot
+                )
+            }
+            Verdict::Interrupted { deleted, key } => {
+                return write!(
+                    f,
+                    "interrupted  show {}: keys {}, deleted {deleted} ({}, slot {}); \
+                     a hold was made on the show while it was being deleted ({key} is live): \
+                     its keys are kept; stop selling the show and run the command again \
+                     when its holds have ended",
+                    self.show, self.keys, self.node, self.slot
                 )
             }
         };
@@ -190,10 +212,24 @@ impl Deleter {
         } else if dry_run {
             Verdict::WouldDelete
         } else {
-            unlink(&mut conn, &own, t)
-                .await
-                .map_err(|e| fail("UNLINK", e))?;
-            Verdict::Deleted
+            let guards = guards(&self.keys, show, &own, tag.len());
+            let deleted = unlink(
+                &mut conn,
+                &self.cluster.scripts().delete_show,
+                Batches {
+                    keys: &own,
+                    guards: &guards,
+                    check: !force,
+                    tag_len: tag.len(),
+                },
+                t,
+            )
+            .await
+            .map_err(|e| fail("deleting", e))?;
+            match deleted {
+                Ok(_) => Verdict::Deleted,
+                Err((deleted, key)) => Verdict::Interrupted { deleted, key },
+            }
         };
         Ok(outcome)
     }
@@ -322,16 +358,72 @@ fn serves_alone(nodes: &str, slot: u16) -> Result<(), String> {
     }
 }
 
-/// `UNLINK`s `keys`, all of one slot, in batches.
+/// The sorted sets of holds that `delete_show.lua` checks with every batch
+/// whether or not they are in it (a hold made after the check may have
+/// made them anew): the show's deadline index, and the holds of each of
+/// its pools.
+fn guards(keys: &KeySpace, show: &ShowId, own: &[Vec<u8>], tag_len: usize) -> Vec<Vec<u8>> {
+    let mut guards = vec![keys.deadlines(show).into_bytes()];
+    for key in own {
+        if let Some(pool) = key.get(tag_len..).and_then(|k| k.strip_prefix(b"#pool:")) {
+            let mut holds = keys.show_tag(show).into_bytes();
+            holds.extend_from_slice(b"#pool-holds:");
+            holds.extend_from_slice(pool);
+            guards.push(holds);
+        }
+    }
+    guards
+}
+
+/// What `unlink` deletes: `keys`, all of one show, in batches, each with
+/// the `guards`, and checked unless `--force`.
+struct Batches<'a> {
+    keys: &'a [Vec<u8>],
+    guards: &'a [Vec<u8>],
+    check: bool,
+    tag_len: usize,
+}
+
+/// Deletes the keys in batches, each by `delete_show.lua`, which deletes
+/// nothing of its batch when a hold made since the check is live. Answers
+/// how many keys went, or, when a batch found a live hold, how many went
+/// before it and the key that showed the hold.
 async fn unlink(
     conn: &mut MultiplexedConnection,
-    keys: &[Vec<u8>],
+    script: &Script,
+    what: Batches<'_>,
     timeout: Duration,
-) -> redis::RedisResult<()> {
-    for batch in keys.chunks(BATCH) {
-        let _: usize = query(conn, redis::cmd("UNLINK").arg(batch), timeout).await?;
+) -> redis::RedisResult<Result<usize, (usize, String)>> {
+    let mut deleted = 0;
+    for batch in what.keys.chunks(BATCH) {
+        let keys: Vec<&[u8]> = batch.iter().chain(what.guards).map(Vec::as_slice).collect();
+        let run = script.run::<_, (i64, redis::Value), _>(conn, &keys, |cmd| {
+            cmd.arg(batch.len())
+                .arg(if what.check { "1" } else { "0" })
+                .arg(what.tag_len)
+                .arg(SOLD_PREFIX);
+        });
+        let reply = tokio::time::timeout(timeout, run).await.map_err(|_| {
+            redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {} ms", timeout.as_millis()),
+            ))
+        })??;
+        match reply {
+            (1, redis::Value::Int(n)) => deleted += usize::try_from(n).unwrap_or(0),
+            (0, redis::Value::BulkString(key)) => {
+                return Ok(Err((deleted, String::from_utf8_lossy(&key).into_owned())))
+            }
+            other => {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Parse,
+                    "unexpected reply of delete_show.lua",
+                    format!("{other:?}"),
+                )))
+            }
+        }
     }
-    Ok(())
+    Ok(Ok(deleted))
 }
 
 #[cfg(test)]

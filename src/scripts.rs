@@ -42,15 +42,16 @@ impl Script {
     /// `args` is a function rather than a list so that the arguments are
     /// written straight into the command, and written again only on the
     /// rare fallback.
-    pub async fn run<C, T>(
+    pub async fn run<C, T, K>(
         &self,
         con: &mut C,
-        keys: &[String],
+        keys: &[K],
         args: impl Fn(&mut Cmd),
     ) -> RedisResult<T>
     where
         C: ConnectionLike + Send,
         T: FromRedisValue,
+        K: AsRef<[u8]>,
     {
         match self.command("EVALSHA", keys, &args).query_async(con).await {
             Err(err) if err.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
@@ -67,10 +68,10 @@ impl Script {
     }
 
     /// `EVALSHA <sha>` or `EVAL <body>`, then the keys and the arguments.
-    fn command(&self, verb: &str, keys: &[String], args: impl Fn(&mut Cmd)) -> Cmd {
+    fn command<K: AsRef<[u8]>>(&self, verb: &str, keys: &[K], args: impl Fn(&mut Cmd)) -> Cmd {
         // Room for the keys and a hold's arguments from the start, instead
         // of growing the buffers step by step (about ten reallocations).
-        let key_bytes: usize = keys.iter().map(String::len).sum();
+        let key_bytes: usize = keys.iter().map(|k| k.as_ref().len()).sum();
         let mut cmd = Cmd::with_capacity(keys.len() + 24, key_bytes + 512);
         cmd.arg(verb);
         cmd.arg(if verb == "EVAL" {
@@ -78,8 +79,10 @@ impl Script {
         } else {
             self.sha.as_str()
         })
-        .arg(keys.len())
-        .arg(keys);
+        .arg(keys.len());
+        for key in keys {
+            cmd.arg(key.as_ref());
+        }
         args(&mut cmd);
         cmd
     }
@@ -87,15 +90,16 @@ impl Script {
     /// Runs the script on the node an `ASK` redirect named: `ASKING` and
     /// then `EVAL` with the body, in one pipeline, so that the flag goes
     /// with this very command and a node that never saw the script runs it.
-    pub async fn run_asking<C, T>(
+    pub async fn run_asking<C, T, K>(
         &self,
         con: &mut C,
-        keys: &[String],
+        keys: &[K],
         args: impl Fn(&mut Cmd),
     ) -> RedisResult<T>
     where
         C: ConnectionLike + Send,
         T: FromRedisValue,
+        K: AsRef<[u8]>,
     {
         let (reply,): (T,) = redis::pipe()
             .cmd("ASKING")
@@ -136,6 +140,8 @@ pub struct Scripts {
     pub forget: Script,
     /// `lua/modify.lua`: change a hold's seats and pool units.
     pub modify: Script,
+    /// `lua/delete_show.lua`: `seathold delete-show`'s checked deletion.
+    pub delete_show: Script,
 }
 
 impl Scripts {
@@ -155,11 +161,12 @@ impl Scripts {
             settings: Script::new("settings", include_str!("../lua/settings.lua")),
             forget: Script::new("forget", include_str!("../lua/forget.lua")),
             modify: Script::new("modify", include_str!("../lua/modify.lua")),
+            delete_show: Script::new("delete_show", include_str!("../lua/delete_show.lua")),
         }
     }
 
     /// All scripts, for loading them.
-    pub fn all(&self) -> [&Script; 13] {
+    pub fn all(&self) -> [&Script; 14] {
         [
             &self.hold,
             &self.release,
@@ -174,6 +181,7 @@ impl Scripts {
             &self.settings,
             &self.modify,
             &self.forget,
+            &self.delete_show,
         ]
     }
 }

@@ -8,24 +8,30 @@
 
 mod common;
 
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use common::{keys_in_slot, options, server_with, show, show_where, slot_of, TestServer};
 use serde_json::json;
 
-/// Runs `seathold delete-show` on the shared cluster with `args`; answers
-/// the exit code and stdout plus stderr.
-fn delete_show(args: &[&str]) -> (Option<i32>, String) {
+/// `seathold delete-show` on the shared cluster with `args`.
+fn delete_show_command(args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_seathold"));
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("SEATHOLD_") {
             cmd.env_remove(name);
         }
     }
-    let out = cmd
-        .arg("delete-show")
+    cmd.arg("delete-show")
         .args(["--redis-nodes", &common::cluster().seed_urls().join(",")])
-        .args(args)
+        .args(args);
+    cmd
+}
+
+/// Runs `seathold delete-show` on the shared cluster with `args`; answers
+/// the exit code and stdout plus stderr.
+fn delete_show(args: &[&str]) -> (Option<i32>, String) {
+    let out = delete_show_command(args)
         .output()
         .expect("run seathold delete-show");
     let text = format!(
@@ -330,6 +336,151 @@ async fn a_show_with_an_expiry_not_yet_written_is_refused() {
         "{out}"
     );
     s.stop().await;
+}
+
+/// A hold made after the command found no live hold, and before its keys
+/// went, stops the deletion: the show's keys are deleted by a script that
+/// first checks, on Redis's clock, that none of them (and no hold in the
+/// show's deadline index or a pool's holds) belongs to a live hold. Here the
+/// master holds writes back (`CLIENT PAUSE WRITE`) while a hold and then
+/// the command's deletion queue up behind it, in that order. Before, the
+/// deletion went ahead and took the new hold's deadline entry, pool and
+/// settings with it: its `expired` event was never written, and its pool
+/// units were not counted.
+#[tokio::test]
+async fn a_hold_made_while_the_show_is_deleted_stops_the_deletion() {
+    let _guard = common::exclusive().await;
+    // Time for the command to start while the hold waits on the master.
+    let mut opts = options();
+    opts.redis_timeout_ms = 15_000;
+    opts.confirm_wait_timeout_ms = 1_000;
+    let s = server_with(opts).await;
+    // A round where another script of the daemon (a sweep) waited on the
+    // master in the hold's place may let the deletion go first: then the
+    // hold finds the pool deleted (409), as it should, and the round is
+    // played again.
+    for round in 1..=3 {
+        if deletion_after_a_hold(&s, round).await {
+            return;
+        }
+    }
+    panic!("in 3 rounds the deletion never queued up behind the hold");
+}
+
+/// One round of the test above; false when the deletion ran first.
+async fn deletion_after_a_hold(s: &TestServer, round: u32) -> bool {
+    let sh = show(&format!("raced{round}"));
+    put_pool(s, &sh).await;
+    let sold = hold(s, &sh, &["E1"]).await;
+    let (status, body) = s.confirm(&sh, &sold).await;
+    assert_eq!(status, 200, "{body}");
+    let before = keys_of(&sh).await;
+    let (_, master) = common::slot_and_master(&sh).await;
+
+    // Commands waiting on the master: of the process `pid`, or any script.
+    let waiting = |pid: Option<u32>| async move {
+        let own = pid.map(common::local_ports).unwrap_or_default();
+        common::client_list(master)
+            .await
+            .iter()
+            .filter(|c| {
+                c["flags"].contains('b')
+                    && (pid.is_some() || c["cmd"].starts_with("eval"))
+                    && pid.is_none_or(|_| {
+                        c["addr"]
+                            .rsplit(':')
+                            .next()
+                            .and_then(|p| p.parse().ok())
+                            .is_some_and(|p: u16| own.contains(&p))
+                    })
+            })
+            .count()
+    };
+    common::pause_clients(master, 20_000, "WRITE").await;
+    let holding = {
+        let (http, base, sh) = (s.http.clone(), s.base.clone(), sh.clone());
+        tokio::spawn(async move {
+            let answer = common::request_at(
+                &http,
+                &base,
+                "POST",
+                &format!("/v1/shows/{sh}/holds"),
+                Some(json!({"seats": ["E2"], "pools": {"floor": 2}, "ttlMs": 60000})),
+                None,
+            )
+            .await;
+            let status = answer.status().as_u16();
+            (
+                status,
+                answer.json::<serde_json::Value>().await.expect("json"),
+            )
+        })
+    };
+    common::eventually(Duration::from_secs(5), "the hold waiting", || async {
+        waiting(None).await > 0
+    })
+    .await;
+    let deleting = delete_show_command(&[&sh])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run seathold delete-show");
+    let pid = deleting.id();
+    common::eventually(Duration::from_secs(10), "the deletion waiting", || async {
+        waiting(Some(pid)).await > 0
+    })
+    .await;
+    let () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut common::node(master).await)
+        .await
+        .expect("CLIENT UNPAUSE");
+
+    let (status, body) = holding.await.expect("hold task");
+    let out = tokio::task::spawn_blocking(move || deleting.wait_with_output())
+        .await
+        .expect("join")
+        .expect("delete-show output");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if status == 409 {
+        // The pool was gone: the deletion went first.
+        assert_eq!(body["error"], "pool_exhausted", "{body}");
+        assert_eq!(out.status.code(), Some(0), "{text}");
+        eprintln!("round {round}: the deletion went first\n{text}");
+        return false;
+    }
+    assert_eq!(status, 201, "{body}");
+    let token = body["holdToken"].as_str().expect("token");
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let said = format!("interrupted  show {sh}: keys {}, deleted 0 (", before.len());
+    assert!(
+        text.contains(&said)
+            && text.contains("a hold was made on the show while it was being deleted"),
+        "{said:?} not in {text}"
+    );
+    let after = keys_of(&sh).await;
+    for key in &before {
+        assert!(
+            after.contains(key),
+            "{key} deleted under a live hold: {after:?}"
+        );
+    }
+    assert!(
+        after.iter().any(|k| k.ends_with("#deadlines")),
+        "the new hold's deadline index: {after:?}"
+    );
+    let (status, body) = s.get(&format!("/v1/shows/{sh}/holds/{token}")).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, pool) = s.get(&format!("/v1/shows/{sh}/pools/floor")).await;
+    assert_eq!(status, 200, "{pool}");
+    assert_eq!(pool["held"], 2, "{pool}");
+    assert_eq!(state(s, &sh, "E1").await, "sold");
+    assert_eq!(state(s, &sh, "E2").await, "held");
+    true
 }
 
 /// A daemon whose seat view knew a deleted show's sold seats forgets them
