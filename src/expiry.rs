@@ -111,7 +111,13 @@ impl<'a> Flag<'a> {
         }
     }
 
+    /// Sets the gauge to what the count says now.
     fn publish(&self) {
+        let _one_at_a_time = publishing();
+        self.publish_locked();
+    }
+
+    fn publish_locked(&self) {
         let n = self.count.load(Ordering::Relaxed) as f64;
         let value = if self.invert {
             f64::from(u8::from(n == 0.0))
@@ -122,15 +128,28 @@ impl<'a> Flag<'a> {
     }
 
     fn set(&self, on: bool) {
+        let _one_at_a_time = publishing();
         if self.set.swap(on, Ordering::Relaxed) != on {
             if on {
                 self.count.fetch_add(1, Ordering::Relaxed);
             } else {
                 self.count.fetch_sub(1, Ordering::Relaxed);
             }
-            self.publish();
+            self.publish_locked();
         }
     }
+}
+
+/// Held while a count changes and its gauge is set, as one step: the
+/// masters' tasks run at once, and one that read the count before
+/// another changed it could set the gauge after that other did, leaving
+/// the older reading for good.
+fn publishing() -> std::sync::MutexGuard<'static, ()> {
+    static PUBLISHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // Nothing under the lock can be left half-done by a panic.
+    PUBLISHING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Drop for Flag<'_> {
@@ -334,5 +353,67 @@ async fn ensure_events(
     match tokio::time::timeout(timeout, work).await {
         Ok(r) => r.map_err(|e| e.to_string()),
         Err(_) => Err("CONFIG timed out".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use std::sync::{Arc, Barrier};
+
+    use metrics::{
+        Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+
+    use super::Flag;
+
+    /// A recorder of one gauge, whatever its name.
+    struct OneGauge(Arc<AtomicU64>);
+
+    impl Recorder for OneGauge {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::noop()
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::from_arc(Arc::clone(&self.0))
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    /// The masters' tasks subscribe at the same time, each with its own
+    /// flag on the shared count: the gauge ends at the count. Before, a
+    /// task could read the count, then another task add to it and publish,
+    /// and then the first publish its older reading, which stayed (seen as
+    /// `seathold_expiry_subscriptions 2` of 3 subscribed masters for the
+    /// life of an instance, in 1 start of about 30, and the alert fired).
+    #[test]
+    fn concurrent_flags_leave_the_gauge_at_the_count() {
+        const TASKS: usize = 3;
+        let gauge = Arc::new(AtomicU64::new(0));
+        let recorder = OneGauge(Arc::clone(&gauge));
+        for round in 0..3_000 {
+            let count = AtomicUsize::new(0);
+            let start = Barrier::new(TASKS);
+            std::thread::scope(|scope| {
+                for _ in 0..TASKS {
+                    scope.spawn(|| {
+                        metrics::with_local_recorder(&recorder, || {
+                            let flag = Flag::new(&count, "gauge", false);
+                            start.wait();
+                            flag.set(true);
+                            // Kept set: the flag's drop would clear it.
+                            std::mem::forget(flag);
+                        });
+                    });
+                }
+            });
+            let published = f64::from_bits(gauge.load(Ordering::SeqCst));
+            assert_eq!(published, TASKS as f64, "round {round}");
+        }
     }
 }

@@ -54,12 +54,15 @@ impl Readiness {
 
     /// The probe's verdict; logs changes only (the probe runs twice a second).
     pub fn set_cluster(&self, ok: bool, why: &str) {
-        let was = self.cluster_ok.swap(ok, Ordering::Relaxed);
-        self.publish();
+        // Under the lock, as in `start_shutdown`: the gauge is set in the
+        // order the verdicts change, never to a reading taken before
+        // shutdown began after shutdown set it to 0.
         let mut reason = self
             .reason
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let was = self.cluster_ok.swap(ok, Ordering::Relaxed);
+        self.publish();
         if was != ok || *reason != why {
             if ok {
                 tracing::info!("{why}");
@@ -73,6 +76,10 @@ impl Readiness {
     /// Shutdown begins: unready from now on, whatever the probe finds.
     pub fn start_shutdown(&self) {
         self.shutting_down.store(true, Ordering::Relaxed);
+        let _in_order = self
+            .reason
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.publish();
     }
 
