@@ -294,11 +294,15 @@ seedlist="$(
   echo "${seeds[*]}"
 )"
 echo "cluster ready: ${#ports[@]} nodes in $dir"
+serve="seathold serve --redis-nodes $seedlist"
+if [[ -n "$aclfile" ]]; then
+  # acl.conf turns the default user off: seathold logs in as its own user.
+  serve="SEATHOLD_REDIS_PASSWORD=<the seathold user's password> $serve --redis-username seathold"
+fi
 if ((replicas == 0)); then
   # No replica can acknowledge a sale: with the default of 1, every confirm
   # would answer 503 not_replicated.
-  echo "  seathold serve --redis-nodes $seedlist --confirm-wait-replicas 0"
-else
-  echo "  seathold serve --redis-nodes $seedlist"
+  serve="$serve --confirm-wait-replicas 0"
 fi
+echo "  $serve"
 echo "  stop: $here/stop-cluster.sh $dir"
