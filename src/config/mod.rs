@@ -325,8 +325,10 @@ pub struct Options {
 
     /// The local seat view of busy shows answers conflicts and reads from
     /// the show's event stream only while its reader is current within this
-    /// bound (ms); a seat released this recently may still be refused, as
-    /// if another customer had won it. 0 turns the view off. Needs events.
+    /// bound (ms); a seat released through another instance this recently
+    /// may still be refused, as if another customer had won it (this
+    /// instance's own changes are never answered from before them). 0 turns
+    /// the view off. Needs events.
     #[arg(long, env = "SEATHOLD_VIEW_MAX_LAG_MS", default_value_t = 250)]
     pub view_max_lag_ms: u64,
 

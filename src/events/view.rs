@@ -232,6 +232,13 @@ struct ViewState {
     forgotten: u64,
     /// How many seats or holds it may know before [`ViewState::prune_if_large`].
     prune_at: usize,
+    /// Seats this instance changed itself, and when ([`mono_ms`], once
+    /// Redis answered): the view answers none of them until its reader has
+    /// read past that moment ([`SeatView::changed_here`]).
+    changed: HashMap<String, u64>,
+    /// When this instance changed more seats than `changed` keeps: the
+    /// view answers nothing until its reader has read past that moment.
+    all_changed_at: u64,
 }
 
 /// The fewest seats or holds a view prunes at (see [`ViewState::prune_if_large`]).
@@ -352,6 +359,11 @@ impl SeatView {
     }
 
     #[cfg(test)]
+    fn sizes_changed(&self) -> usize {
+        self.lock().changed.len()
+    }
+
+    #[cfg(test)]
     fn sizes(&self) -> (usize, usize) {
         let state = self.lock();
         (state.seats.len(), state.holds.len())
@@ -375,6 +387,35 @@ impl SeatView {
         at > 0 && mono_ms().saturating_sub(at) <= self.max_lag_ms
     }
 
+    /// This instance has just changed `seats` (released, sold, extended,
+    /// given back or taken them; or may have, when Redis did not answer):
+    /// the view answers none of them until its reader has read past this
+    /// moment. Otherwise a client that released a seat and asked again at
+    /// once could be told what the view knew before its own change ("held",
+    /// 409) until the reader caught up, within the lag bound; other
+    /// instances' changes are still seen up to that bound late, as
+    /// documented. A read the reader asks for after now brings the change's
+    /// event (written before Redis answered), and its time is what
+    /// `current_at` holds once it is applied.
+    pub fn changed_here<'s>(&self, seats: impl IntoIterator<Item = &'s str>) {
+        let now = mono_ms();
+        let current = self.current_at.load(Ordering::Relaxed);
+        let mut state = self.lock();
+        if state.changed.len() >= PRUNE_AT {
+            state.changed.retain(|_, at| *at >= current);
+            if state.changed.len() >= PRUNE_AT {
+                // A reader that does not keep up with this instance's own
+                // changes: answer nothing of the show until it has.
+                state.changed.clear();
+                state.all_changed_at = now;
+                return;
+            }
+        }
+        for seat in seats {
+            state.changed.insert(seat.to_owned(), now);
+        }
+    }
+
     /// Redis's time now as the view reckons it: this machine's clock plus
     /// the most Redis was seen ahead (by the events' ids; never less than
     /// this machine's clock). Each sample falls short of Redis's lead by
@@ -395,20 +436,37 @@ impl SeatView {
         }
         let now = self.redis_now();
         let margin = i64::try_from(self.max_lag_ms).unwrap_or(i64::MAX);
+        // Read after the lock is taken: `changed_here` marks under it.
         let state = self.lock();
+        let current = self.current_at.load(Ordering::Relaxed);
+        if state.all_changed_at >= current {
+            return None;
+        }
         Some(
             seats
                 .iter()
-                .map(|seat| match state.seats.get(seat.as_str())?.0 {
-                    Known::Free => Some(State::Free),
-                    Known::Sold => Some(State::Sold),
-                    Known::Held(until) if until - now > margin => {
-                        Some(State::Held(Some(until - now)))
+                .map(|seat| {
+                    if state
+                        .changed
+                        .get(seat.as_str())
+                        .is_some_and(|at| *at >= current)
+                    {
+                        return None;
                     }
-                    Known::Held(_) => None,
+                    Self::answer(&state, seat, now, margin)
                 })
                 .collect(),
         )
+    }
+
+    /// What the view knows of `seat` (see [`SeatView::known`]).
+    fn answer(state: &ViewState, seat: &SeatId, now: i64, margin: i64) -> Option<State> {
+        match state.seats.get(seat.as_str())?.0 {
+            Known::Free => Some(State::Free),
+            Known::Sold => Some(State::Sold),
+            Known::Held(until) if until - now > margin => Some(State::Held(Some(until - now))),
+            Known::Held(_) => None,
+        }
     }
 
     /// The states of `seats` a read may be answered with, `None` for each
@@ -654,6 +712,33 @@ mod tests {
         );
         view.apply(&event("released", &["E7"], "r1", None));
         assert!(view.refusal(&[seat("E8")]).is_none());
+    }
+
+    /// Seats this instance changed are answered by Redis until the reader
+    /// has read past the change; more of them than the view keeps, while
+    /// its reader does not move, make it answer nothing until it has.
+    #[test]
+    fn seats_changed_here_wait_for_the_reader() {
+        let (current, view) = current_view();
+        let later = now_ms() as i64 + 60_000;
+        view.apply(&event("held", &["E7", "E8"], "r1", Some(later)));
+        view.changed_here(["E7"]);
+        assert_eq!(view.known(&[seat("E7")]), Some(vec![None]));
+        assert!(view.refusal(&[seat("E8")]).is_some(), "E8 is not changed");
+        // A read asked after the change has brought its event.
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        current.store(mono_ms(), Ordering::Relaxed);
+        assert!(view.refusal(&[seat("E7")]).is_some());
+
+        let many: Vec<String> = (0..PRUNE_AT + 1).map(|i| format!("C{i}")).collect();
+        for seat in &many {
+            view.changed_here([seat.as_str()]);
+        }
+        assert!(view.refusal(&[seat("E8")]).is_none(), "all wait now");
+        assert!(view.sizes_changed() < PRUNE_AT);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        current.store(mono_ms(), Ordering::Relaxed);
+        assert!(view.refusal(&[seat("E8")]).is_some());
     }
 
     /// Seats freed and holds over are dropped once they are many, so that

@@ -119,7 +119,7 @@ impl Service {
         let mut key_list = self.hold_keys(show, &token, &rec.contents, &tail);
         key_list.push(self.keys.idempotency(show, run.idem.key.as_str()));
         let max = self.limits.max_hold_lifetime_ms;
-        let reply: Vec<Value> = self
+        let reply: Result<Vec<Value>, Error> = self
             .cluster
             .eval(deadline, &self.cluster.scripts().extend, &key_list, |c| {
                 c.arg(token.as_str())
@@ -130,7 +130,9 @@ impl Service {
                 tail.push(c);
                 c.arg(rec.fence);
             })
-            .await?;
+            .await;
+        self.changed_here(show, &rec.contents);
+        let reply = reply?;
         if let Some((recorded, now)) = replay_of(&reply) {
             // A resend of this very script (under the daemon's own key), or
             // a concurrent twin of this request that won the race: the
@@ -209,7 +211,7 @@ impl Service {
         let tail = Tail::new(self, show, &rec.contents, token, false);
         let mut key_list = self.hold_keys(show, token, &rec.contents, &tail);
         key_list.push(self.keys.idempotency(show, run.idem.key.as_str()));
-        let reply: Value = self
+        let reply: Result<Value, Error> = self
             .cluster
             .eval(deadline, &self.cluster.scripts().release, &key_list, |c| {
                 c.arg(token.as_str())
@@ -218,7 +220,9 @@ impl Service {
                 tail.push(c);
                 c.arg(rec.fence);
             })
-            .await?;
+            .await;
+        self.changed_here(show, &rec.contents);
+        let reply = reply?;
         match reply {
             Value::Int(1) => {
                 count(m::RELEASES, 1);
@@ -308,6 +312,7 @@ impl Service {
                 |reply: &Vec<i64>| (!matches!(reply.first(), Some(0 | -3 | -7))).then_some(wait),
             )
             .await;
+        self.changed_here(show, &rec.contents);
         // A failure is not recorded (API 1.1): the script may have recorded
         // this key's 200 before the WAIT fell short or the deadline passed.
         let recording = idem.filter(|_| !replayed);

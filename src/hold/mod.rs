@@ -24,7 +24,7 @@ use crate::idempotency::Idem;
 use crate::ids::{SeatId, ShowId};
 use crate::keys::KeySpace;
 use crate::metrics as m;
-use crate::model::State;
+use crate::model::{Contents, State};
 
 mod change;
 mod grant;
@@ -155,6 +155,23 @@ impl Service {
     /// The view of `show` if it has one; counts nothing, starts nothing.
     fn existing_view(&self, show: &ShowId) -> Option<Arc<SeatView>> {
         self.views.as_ref()?.existing(show)
+    }
+
+    /// Tells the views of the shows of `contents` (a hold of `home`) that
+    /// this instance has just changed its seats, or may have (Redis did
+    /// not answer): they answer none of them until their readers have read
+    /// the change ([`SeatView::changed_here`]).
+    fn changed_here(&self, home: &ShowId, contents: &Contents) {
+        if self.views.is_none() {
+            return;
+        }
+        let mut pairs: Vec<(&ShowId, &SeatId)> = contents.seats.pairs(home).collect();
+        pairs.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for show in pairs.chunk_by(|a, b| a.0 == b.0) {
+            if let Some(view) = self.existing_view(show[0].0) {
+                view.changed_here(show.iter().map(|(_, seat)| seat.as_str()));
+            }
+        }
     }
 
     /// The cluster this service runs on.

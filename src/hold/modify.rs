@@ -74,7 +74,7 @@ impl Service {
         };
         let items = |c: &Contents| c.by_show(show).remove(show).unwrap_or_default().items();
         let record = format!("{} {}", new.kind(), new.encode(show));
-        let reply: Vec<Value> = self
+        let reply: Result<Vec<Value>, Error> = self
             .cluster
             .eval(deadline, &self.cluster.scripts().modify, &keys, |c| {
                 c.arg(token.as_str())
@@ -99,7 +99,10 @@ impl Service {
                     c.arg(quantity(&old, pool)).arg(quantity(&new, pool));
                 }
             })
-            .await?;
+            .await;
+        self.changed_here(show, &old);
+        self.changed_here(show, &new);
+        let reply = reply?;
         if let Some((recorded, now)) = replay_of(&reply) {
             // A resend of this very script (under the daemon's own key), or
             // a concurrent twin of this request that won the race.
