@@ -31,11 +31,18 @@
 -- expiry; the token is in its key. Every call below costs the master (Lua's
 -- redis.call is several times dearer than the command it runs), so the
 -- script makes as few as the contract allows. With events on, one seat
--- costs SET NX PX, XADD, SET NX of the record and ZADD: the event's stream
--- id carries Redis's time (the hold's creation) and a per-show increasing
--- number, so it also gives the fence (ms x 1000 + sequence), and no fence
--- counter is kept. With events off, the fence counter is read and written:
--- SET NX PX, PEXPIRETIME, GET and SET of the fence, SET NX of the record.
+-- costs SET NX PX, PEXPIRETIME, XADD, SET NX of the record and ZADD: the
+-- event's stream id carries a per-show increasing number and is at least
+-- Redis's time, so it gives the fence (ms x 1000 + sequence), and no fence
+-- counter is kept. The hold's time comes from the seat's expiry, not from
+-- the id, which runs ahead of Redis's clock after a failover to a master
+-- whose clock is behind (the fences must go on rising), or when a
+-- millisecond has more than 999 events: dated by the id, the seat would
+-- come free before its record and deadline (PEXPIRETIME costs the master
+-- 6.7k of the 103k instructions of such a hold, callgrind,
+-- cluster/bench/lua-cost.sh). With events off, the fence counter is read
+-- and written: SET NX PX, PEXPIRETIME, GET and SET of the fence, SET NX of
+-- the record.
 --
 -- A fence exceeds every earlier fence of each involved show and is at least
 -- Redis's time in ms x 1000, so a failover that loses the last writes cannot
@@ -98,28 +105,32 @@ if #ARGV < 14 then
   local done = idem and redis.call('GET', idem)
   if done then return {-3, done} end
   if redis.call('SET', seat, token, 'NX', 'PX', ttl) then
-    -- fence, created and expiry as digits
-    local fence, created, stream, id
+    -- The hold's expiry is the seat's, on Redis's clock; the event's id
+    -- may run ahead of that clock (after a failover to a master whose
+    -- clock is behind, or with more than 999 events in a millisecond), and
+    -- gives only the fence. Fence, created and expiry as digits.
+    local expiry = redis.call('PEXPIRETIME', seat)
+    local at = string.format('%d', expiry)
+    local created = string.format('%d', expiry - ttl)
+    local fence, stream, id
     if on then
       stream = KEYS[4]
       id = redis.call('XADD', stream, 'MAXLEN', '~', ARGV[7], '*',
-        't', 'held', 'r', ARGV[5], 's', ARGV[6], 'l', ttl)
+        't', 'held', 'r', ARGV[5], 's', ARGV[6], 'x', at)
       local ms, seq = string.match(id, '^(%d+)-(%d+)$')
       if #seq > 3 then
         -- as in add_events below: the next millisecond, sequence 0
         redis.call('XDEL', stream, id)
         redis.call('INCRBY', stream .. '-deleted', 1)
         ms, seq = string.format('%d', ms + 1), '0'
-        id = redis.call('XADD', stream, ms .. '-0', 't', 'held', 'r', ARGV[5], 's', ARGV[6], 'l', ttl)
+        id = redis.call('XADD', stream, ms .. '-0', 't', 'held', 'r', ARGV[5], 's', ARGV[6], 'x', at)
       end
       -- ms x 1000 + seq, written as digits: no arithmetic on 16 digits
-      fence, created = ms .. string.rep('0', 3 - #seq) .. seq, ms
+      fence = ms .. string.rep('0', 3 - #seq) .. seq
     else
-      local now = redis.call('PEXPIRETIME', seat) - ttl
       local f = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-      fence, created = string.format('%d', math.max(now * 1000, f + 1)), string.format('%d', now)
+      fence = string.format('%d', math.max((expiry - ttl) * 1000, f + 1))
     end
-    local at = string.format('%d', created + ttl)
     if not redis.call('SET', KEYS[1], fence .. ' ' .. created .. ' ' .. ARGV[4], 'NX', 'PXAT', at) then
       redis.call('DEL', seat)
       if id then
@@ -258,18 +269,17 @@ end
 -- Writes the `held` event of every show; answers the stream ids and the
 -- time and fence they give. Several shows get one id, the largest, so that
 -- every show's later ids (and fences) exceed this hold's. `expiry`: the
--- hold's expiry when its time came from TIME (pools, holder) rather than
--- from the id, which may be a millisecond or more later: the event then
--- carries it (`x`), as the id's time plus the TTL would not be the hold's.
+-- hold's expiry on Redis's clock (from TIME, or the first seat's), which
+-- the event carries (`x`): the id's time may be a millisecond or more
+-- later, and that time plus the TTL would not be the hold's. (Without
+-- one, which no caller leaves out, the event carries the TTL, `l`.)
 local function add_events(expiry)
   local ids, top = {}, nil
   local function fields(i)
-    local f = {'t', 'held', 'r', ARGV[10], 's', ARGV[ia + i - 1], 'l', ARGV[2]}
     if expiry then
-      f[#f + 1] = 'x'
-      f[#f + 1] = expiry
+      return 't', 'held', 'r', ARGV[10], 's', ARGV[ia + i - 1], 'x', expiry
     end
-    return unpack(f)
+    return 't', 'held', 'r', ARGV[10], 's', ARGV[ia + i - 1], 'l', ARGV[2]
   end
   for i = 1, E do
     local stream = KEYS[ek + 2 * i - 1]
@@ -377,12 +387,16 @@ end
 -- The hold's time on Redis's clock: from TIME (pools, holder), the event's
 -- stream id, or (events off) the first seat's expiry. It dates the hold
 -- (created = now, for the lifetime cap) and gives every key one expiry.
+-- Not from the stream id, which may run ahead of Redis's clock (see the
+-- short form above): the first seat was written with that clock's PX.
 local ids, fence, id_now
+if not now and S > 0 then
+  now = redis.call('PEXPIRETIME', KEYS[first]) - ttl
+end
 if E > 0 then
   ids, id_now, fence = add_events(now and string.format('%d', now + ttl))
   now = now or id_now
 else
-  now = now or (redis.call('PEXPIRETIME', KEYS[first]) - ttl)
   fence = now * 1000
   for i = 2, first - 1 do
     local f = tonumber(redis.call('GET', KEYS[i]) or '0') or 0

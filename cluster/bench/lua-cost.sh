@@ -6,10 +6,11 @@
 # over the run divided by the calls: it includes the server's network work,
 # as the raw SET's does; "inside" is the time the command itself took
 # (INFO commandstats usec_per_call of EVALSHA, or of SET for the raw SET),
-# without the network work. The line "four bare calls" is a script that
-# makes the four calls of an events-on hold (SET NX PX, XADD, SET NX PX,
-# ZADD) with constant arguments and nothing else: the least any script
-# with those four calls costs. Redis settings can follow the file, e.g.
+# without the network work. The line "five bare calls" is a script that
+# makes the five calls of an events-on hold (SET NX PX, PEXPIRETIME, XADD,
+# SET NX PX, ZADD) with constant arguments and nothing else: the least any
+# script with those five calls costs (before 2026-12-03 hold.lua made four,
+# without PEXPIRETIME, and so did this line, "four bare calls"). Redis settings can follow the file, e.g.
 #   cluster/bench/lua-cost.sh [HOLD_LUA] [-- --stream-node-max-bytes 1024]
 # With COUNT=1 the server runs under valgrind's callgrind and each line
 # gives the instructions the server executed per call instead (N defaults
@@ -71,6 +72,7 @@ bench() {
 
 sha=$(cli script load "$(cat "$lua")")
 bare=$(cli script load "redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2])
+redis.call('PEXPIRETIME', KEYS[2])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', '10000', '*', 't', 'held', 'r', 'x', 's', 'E7', 'l', ARGV[2])
 redis.call('SET', KEYS[1], 'x', 'NX', 'PX', ARGV[2])
 redis.call('ZADD', KEYS[3], '1', 'x')
@@ -88,7 +90,7 @@ on4=("$token" 300000 0 s 'x/A x/B x/C x/D' '' 86400000 1 10000 "$ref" 4 0 0 0 'A
 echo "EVALSHA of $lua, $n calls per line, redis $(redis-server --version | awk '{ print $3 }')"
 for ((r = 1; r <= rounds; r++)); do
   bench "raw SET NX PX" SET 'k:{s__rand_int__}:E7' "$token" NX PX 300000
-  bench "four bare calls" EVALSHA "$bare" 4 'h:{s1}:hold:__rand_int__' 'h:{s1}:E__rand_int__' \
+  bench "five bare calls" EVALSHA "$bare" 4 'h:{s1}:hold:__rand_int__' 'h:{s1}:E__rand_int__' \
     'h:{s1}#deadlines' 'h:{s1}#events' "$token" 300000
   bench "events on, one show" EVALSHA "$sha" 4 'h:{s1}:hold:__rand_int__' 'h:{s1}:E__rand_int__' \
     'h:{s1}#deadlines' 'h:{s1}#events' "${on[@]}"
