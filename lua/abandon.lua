@@ -50,10 +50,30 @@ if not record then
   tombstone()
   return 0
 end
+-- Seats the token no longer holds (taken by another writer since), which
+-- the event must not name as given back.
+local lost
 for i = 2, last do
   if redis.call('GET', KEYS[i]) == ARGV[1] then
     redis.call('DEL', KEYS[i])
+  else
+    lost = lost or {}
+    lost[KEYS[i]] = true
   end
+end
+-- Show i's items without its lost seats: a seat item "E7" is the key
+-- "<the show's tag>:E7", the tag being its stream's key without "#events".
+local function given_back(i)
+  local items = ARGV[ia + i - 1]
+  if not lost then return items end
+  local tag = string.sub(KEYS[ek + 2 * i - 1], 1, -8)
+  local kept = {}
+  for item in string.gmatch(items, '%S+') do
+    if string.sub(item, 1, 1) == '@' or not lost[tag .. ':' .. item] then
+      kept[#kept + 1] = item
+    end
+  end
+  return table.concat(kept, ' ')
 end
 -- The record becomes the tombstone: a resend of this hold's script that
 -- arrives late (the daemon resends a script whose connection broke) finds
@@ -74,6 +94,6 @@ for i = 1, E do
   redis.call('ZREM', KEYS[ek + 2 * i - 2], ARGV[5] .. ' ' .. fence .. ' ' .. items,
     ARGV[5] .. ' > ' .. KEYS[ek + 2 * (i % E)])
   redis.call('XADD', KEYS[ek + 2 * i - 1], 'MAXLEN', '~', ARGV[4], '*',
-    't', 'released', 'r', ARGV[5], 's', items, 'f', fence)
+    't', 'released', 'r', ARGV[5], 's', given_back(i), 'f', fence)
 end
 return 1

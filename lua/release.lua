@@ -48,10 +48,30 @@ end
 if fence ~= ARGV[#ARGV] then
   return -7
 end
+-- Seats the token no longer holds (taken by another writer since), which
+-- the event must not name as given back.
+local lost
 for i = 2, last do
   if redis.call('GET', KEYS[i]) == ARGV[1] then
     redis.call('DEL', KEYS[i])
+  else
+    lost = lost or {}
+    lost[KEYS[i]] = true
   end
+end
+-- Show i's items without its lost seats: a seat item "E7" is the key
+-- "<the show's tag>:E7", the tag being its stream's key without "#events".
+local function given_back(i)
+  local items = ARGV[ia + i - 1]
+  if not lost then return items end
+  local tag = string.sub(KEYS[ek + 2 * i - 1], 1, -8)
+  local kept = {}
+  for item in string.gmatch(items, '%S+') do
+    if string.sub(item, 1, 1) == '@' or not lost[tag .. ':' .. item] then
+      kept[#kept + 1] = item
+    end
+  end
+  return table.concat(kept, ' ')
 end
 redis.call('DEL', KEYS[1])
 -- Units go back to their pools, unless they already went back by expiry.
@@ -69,7 +89,7 @@ for i = 1, E do
   redis.call('ZREM', KEYS[ek + 2 * i - 2], ARGV[6] .. ' ' .. fence .. ' ' .. items,
     ARGV[6] .. ' > ' .. KEYS[ek + 2 * (i % E)])
   redis.call('XADD', KEYS[ek + 2 * i - 1], 'MAXLEN', '~', ARGV[5], '*',
-    't', 'released', 'r', ARGV[6], 's', items, 'f', fence)
+    't', 'released', 'r', ARGV[6], 's', given_back(i), 'f', fence)
 end
 redis.call('SET', idem, ARGV[2] .. ' 204', 'PX', ARGV[3])
 return 1

@@ -1544,3 +1544,48 @@ async fn seats_record_and_deadline_of_a_hold_end_together() {
         );
     }
 }
+
+/// A `released` event names the seats the release gave back, not a seat
+/// the token no longer held: here another writer overwrote E2 (a raw `SET`
+/// without `NX`, outside the reference design's rules), and the release
+/// left it alone. Before, the event named E2 too, and a seat map following
+/// the events showed E2 free while it was held.
+#[tokio::test]
+async fn a_released_event_names_only_the_seats_given_back() {
+    let s = server().await;
+    let mut r = redis().await;
+    let ks = seathold::keys::KeySpace::new("seat-hold:");
+    let sh = show("overwritten");
+    let (status, body) = s
+        .post(
+            &format!("/v1/shows/{sh}/holds"),
+            json!({"seats": ["E1", "E2", "E3"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let token = body["holdToken"].as_str().expect("token");
+    let _: () = redis::cmd("SET")
+        .arg(ks.seat(&sh, "E2"))
+        .arg("another-writer")
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut r)
+        .await
+        .expect("SET");
+    let (status, body) = s
+        .call("DELETE", &format!("/v1/shows/{sh}/holds/{token}"), None)
+        .await;
+    assert_eq!(status, 204, "{body}");
+    let (status, page) = s.get(&format!("/v1/shows/{sh}/events?after=0-0")).await;
+    assert_eq!(status, 200, "{page}");
+    let released: Vec<&Value> = page["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["type"] == "released")
+        .collect();
+    assert_eq!(released.len(), 1, "{page}");
+    assert_eq!(released[0]["seats"], json!(["E1", "E3"]), "{page}");
+    let (_, e2) = s.get(&format!("/v1/shows/{sh}/seats/E2")).await;
+    assert_eq!(e2["state"], "held", "{e2}");
+}
