@@ -18,7 +18,8 @@
 //! resharding in progress).
 //!
 //! Run it as a user that may run those commands, `CLUSTER NODES`, `TIME`,
-//! `MGET` and `ZRANGEBYSCORE` (the `admin` user of
+//! `MGET`, `ZRANGEBYSCORE`, `EVALSHA` and `EVAL`, and the script's `TYPE`,
+//! `ZCOUNT` and `UNLINK` (the `admin` user of
 //! `cluster/acl.conf`; the `seathold` user there may not), after the show's
 //! sale has stopped. A daemon's seat view of the show forgets its sold
 //! seats within about a second: its stream reader finds the stream gone,

@@ -483,6 +483,11 @@ fn the_acl_grants_every_command_seathold_sends() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/lua");
     for entry in std::fs::read_dir(dir).expect("lua/") {
         let path = entry.expect("entry").path();
+        // Run by `seathold delete-show` as an operator (user `admin`),
+        // never by the daemon: user `seathold` may not delete shows.
+        if path.file_name().is_some_and(|n| n == "delete_show.lua") {
+            continue;
+        }
         let text = std::fs::read_to_string(&path).expect("script");
         for call in text.split("redis.call('").skip(1) {
             let command = call.split('\'').next().unwrap_or_default().to_lowercase();
