@@ -142,11 +142,11 @@ impl Service {
             let hold = replay_extend(show, token, None, now, &recorded)?;
             if run.own {
                 // The first run's answer: counted and swept as it would
-                // have been.
+                // have been, at the expiry it set.
                 count(m::EXTENDS, 1);
                 tail.count_events("extended");
                 let shows: Vec<ShowId> = rec.contents.by_show(show).into_keys().collect();
-                self.schedule_sweep(&shows, ttl);
+                self.schedule_sweep(&shows, u64::try_from(hold.expires_in_ms).unwrap_or(ttl));
             }
             return Ok(Some(Answer::replayed_under(hold, &run)));
         }

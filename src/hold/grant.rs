@@ -55,8 +55,10 @@ impl Service {
             seat_keys: &seat_keys,
             home,
             contents: &contents,
+            shows: &shows,
             ttl_ms: ttl,
             armed: idem.is_none(),
+            sweep: idem.is_some(),
         };
         let reply: Result<Vec<Value>, Error> = self
             .cluster
@@ -75,7 +77,9 @@ impl Service {
                 tail.push_for_hold(c, seat_keys.len(), self.limits.max_per_holder);
             })
             .await;
-        in_flight.armed &= reply.as_ref().is_err_and(may_have_run);
+        let unanswered = reply.as_ref().is_err_and(may_have_run);
+        in_flight.armed &= unanswered;
+        in_flight.sweep &= unanswered;
         drop(in_flight);
         let reply = reply?;
         if let (Some((recorded, _)), Some(idem)) = (replay_of(&reply), idem) {
@@ -104,7 +108,14 @@ impl Service {
         }
         match ints(&reply).unwrap_or_default().as_slice() {
             [1, fence, pttl, now] => {
-                self.granted(&contents, &tail, &shows, ttl);
+                // The time left, not the TTL: a resend of a script that had
+                // run (answered as the first run) comes later than it.
+                self.granted(
+                    &contents,
+                    &tail,
+                    &shows,
+                    u64::try_from(*pttl).unwrap_or(ttl),
+                );
                 Ok(Answer::fresh(Hold::new(
                     token,
                     home.clone(),
@@ -361,12 +372,21 @@ struct InFlight<'a> {
     seat_keys: &'a [String],
     home: &'a ShowId,
     contents: &'a Contents,
+    shows: &'a [ShowId],
     ttl_ms: u64,
+    /// Abandon the hold (no idempotency key: nobody can find it again).
     armed: bool,
+    /// Sweep its shows when it expires (an idempotency key keeps it for the
+    /// client's retry, which may never come; no other instance has its
+    /// deadline, and Redis's expiry notification can be seconds late).
+    sweep: bool,
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
+        if self.sweep {
+            self.service.schedule_sweep(self.shows, self.ttl_ms);
+        }
         if !self.armed {
             return;
         }
