@@ -267,19 +267,15 @@ local function holder_count(h, now)
 end
 
 -- Writes the `held` event of every show; answers the stream ids and the
--- time and fence they give. Several shows get one id, the largest, so that
--- every show's later ids (and fences) exceed this hold's. `expiry`: the
--- hold's expiry on Redis's clock (from TIME, or the first seat's), which
--- the event carries (`x`): the id's time may be a millisecond or more
--- later, and that time plus the TTL would not be the hold's. (Without
--- one, which no caller leaves out, the event carries the TTL, `l`.)
+-- fence they give. Several shows get one id, the largest, so that every
+-- show's later ids (and fences) exceed this hold's. `expiry`: the hold's
+-- expiry on Redis's clock (from TIME, or the first seat's), which the
+-- event carries (`x`): the id's time may be a millisecond or more later,
+-- and that time plus the TTL would not be the hold's.
 local function add_events(expiry)
   local ids, top = {}, nil
   local function fields(i)
-    if expiry then
-      return 't', 'held', 'r', ARGV[10], 's', ARGV[ia + i - 1], 'x', expiry
-    end
-    return 't', 'held', 'r', ARGV[10], 's', ARGV[ia + i - 1], 'l', ARGV[2]
+    return 't', 'held', 'r', ARGV[10], 's', ARGV[ia + i - 1], 'x', expiry
   end
   for i = 1, E do
     local stream = KEYS[ek + 2 * i - 1]
@@ -304,7 +300,7 @@ local function add_events(expiry)
       e[2] = top[2]
     end
   end
-  return ids, top[3], top[3] * 1000 + top[4]
+  return ids, top[3] * 1000 + top[4]
 end
 
 -- Checks. `now` is Redis's time when pools or a holder need it.
@@ -384,18 +380,18 @@ else
   end
 end
 
--- The hold's time on Redis's clock: from TIME (pools, holder), the event's
--- stream id, or (events off) the first seat's expiry. It dates the hold
--- (created = now, for the lifetime cap) and gives every key one expiry.
--- Not from the stream id, which may run ahead of Redis's clock (see the
--- short form above): the first seat was written with that clock's PX.
-local ids, fence, id_now
-if not now and S > 0 then
+-- The hold's time on Redis's clock: from TIME (pools, holder) or the
+-- first seat's expiry, never the event's stream id, which may run ahead of
+-- that clock (see the short form above). It dates the hold (created = now,
+-- for the lifetime cap) and gives every key one expiry. A hold has seats
+-- or pool units (the daemon refuses an empty one), and pool units read
+-- TIME above.
+local ids, fence
+if not now then
   now = redis.call('PEXPIRETIME', KEYS[first]) - ttl
 end
 if E > 0 then
-  ids, id_now, fence = add_events(now and string.format('%d', now + ttl))
-  now = now or id_now
+  ids, fence = add_events(string.format('%d', now + ttl))
 else
   fence = now * 1000
   for i = 2, first - 1 do
