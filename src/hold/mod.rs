@@ -24,7 +24,7 @@ use crate::idempotency::Idem;
 use crate::ids::{SeatId, ShowId};
 use crate::keys::KeySpace;
 use crate::metrics as m;
-use crate::model::{Contents, State};
+use crate::model::{Contents, Seats, State};
 
 mod change;
 mod grant;
@@ -163,6 +163,12 @@ impl Service {
     /// the change ([`SeatView::changed_here`]).
     fn changed_here(&self, home: &ShowId, contents: &Contents) {
         if self.views.is_none() {
+            return;
+        }
+        if let Seats::Show(seats) = &contents.seats {
+            if let Some(view) = self.existing_view(home) {
+                view.changed_here(seats.iter().map(SeatId::as_str));
+            }
             return;
         }
         let mut pairs: Vec<(&ShowId, &SeatId)> = contents.seats.pairs(home).collect();
