@@ -366,11 +366,13 @@ fn serves_alone(nodes: &str, slot: u16) -> Result<(), String> {
 fn guards(keys: &KeySpace, show: &ShowId, own: &[Vec<u8>], tag_len: usize) -> Vec<Vec<u8>> {
     let mut guards = vec![keys.deadlines(show).into_bytes()];
     for key in own {
-        if let Some(pool) = key.get(tag_len..).and_then(|k| k.strip_prefix(b"#pool:")) {
-            let mut holds = keys.show_tag(show).into_bytes();
-            holds.extend_from_slice(b"#pool-holds:");
-            holds.extend_from_slice(pool);
-            guards.push(holds);
+        // Pool ids are ASCII: another key is not one of seathold's pools.
+        if let Some(pool) = key
+            .get(tag_len..)
+            .and_then(|k| k.strip_prefix(b"#pool:"))
+            .and_then(|p| std::str::from_utf8(p).ok())
+        {
+            guards.push(keys.pool_holds(show, pool).into_bytes());
         }
     }
     guards
