@@ -267,7 +267,7 @@ impl Hub {
                 last = self.newest(c, &stream).await;
                 if last.is_some() {
                     backoff = Duration::from_millis(50);
-                    current_at.store(asked_at, Ordering::Relaxed);
+                    current_at.store(asked_at, Ordering::Release);
                     started.send_replace(true);
                 } else {
                     // Refused (ACL, LOADING, MOVED) or broken: pause as
@@ -423,7 +423,7 @@ impl Hub {
                     // After the events went out: a view that sees this time
                     // has applied everything written before it.
                     if !full {
-                        current_at.store(asked_at, Ordering::Relaxed);
+                        current_at.store(asked_at, Ordering::Release);
                     }
                 }
                 Err(err) => {

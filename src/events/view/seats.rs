@@ -210,7 +210,7 @@ impl SeatView {
 
     /// Whether the reader is current within the lag bound.
     fn is_current(&self) -> bool {
-        let at = self.current_at.load(Ordering::Relaxed);
+        let at = self.current_at.load(Ordering::Acquire);
         at > 0 && mono_ms().saturating_sub(at) <= self.max_lag_ms
     }
 
@@ -226,7 +226,7 @@ impl SeatView {
     /// `current_at` holds once it is applied.
     pub fn changed_here<'s>(&self, seats: impl IntoIterator<Item = &'s str>) {
         let now = mono_ms();
-        let current = self.current_at.load(Ordering::Relaxed);
+        let current = self.current_at.load(Ordering::Acquire);
         let mut state = self.lock();
         if state.changed.len() >= PRUNE_AT {
             state.changed.retain(|_, at| *at >= current);
@@ -263,9 +263,11 @@ impl SeatView {
         }
         let now = self.redis_now();
         let margin = i64::try_from(self.max_lag_ms).unwrap_or(i64::MAX);
-        // Read after the lock is taken: `changed_here` marks under it.
+        // Read after the lock is taken: `changed_here` marks under it. The
+        // reader stores its time (Release) after it applied the events the
+        // time covers: a time seen here (Acquire) comes with them.
         let state = self.lock();
-        let current = self.current_at.load(Ordering::Relaxed);
+        let current = self.current_at.load(Ordering::Acquire);
         if state.all_changed_at >= current {
             return None;
         }
