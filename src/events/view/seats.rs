@@ -499,10 +499,6 @@ mod tests {
         assert!(view.refusal(&[seat("E7")]).is_none());
     }
 
-    /// A PATCH that gives a seat back while the view reads the deadline
-    /// index: its `modified` event (after the read's position) names the
-    /// hold's seats now, and the index (read before) its old ones. The seat
-    /// given back must not be learned as held: nothing would free it.
     /// Holds learned from the deadline index before any event are timed
     /// by Redis's clock, which may be ahead of this machine's: the read
     /// brings Redis's time too, so a hold that is over on Redis's clock is
@@ -526,6 +522,10 @@ mod tests {
         assert!(view.refusal(&[seat("E8")]).is_some());
     }
 
+    /// A PATCH that gives a seat back while the view reads the deadline
+    /// index: its `modified` event (after the read's position) names the
+    /// hold's seats now, and the index (read before) its old ones. The seat
+    /// given back must not be learned as held: nothing would free it.
     #[test]
     fn a_patch_while_the_index_is_read_gives_its_seat_back() {
         let (_current, view) = current_view();
