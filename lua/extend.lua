@@ -21,8 +21,8 @@
 --                    from (lookup.lua)
 --
 -- Returns {1, fence, pttl_ms, now_ms} when extended; {0} when the token no
--- longer holds every seat, or a pool's units were given back (nothing
--- changed); {-7} when the record's fence
+-- longer holds every seat, a pool's units were given back or the holder's
+-- set no longer counts the hold (nothing changed); {-7} when the record's fence
 -- is another (a PATCH changed the hold since it was read: the keys above
 -- may miss its seats; the daemon reads it again); {-1, created_ms, now_ms} when
 -- the new expiry would pass the lifetime cap (nothing changed); {-3, record,
@@ -58,9 +58,16 @@ for i = 2, last do
   end
 end
 -- A hold whose units a script already gave back (see confirm.lua) is not
--- extended: it would live on with its units free for others.
+-- extended: it would live on with its units free for others. Nor is one
+-- whose holder's set no longer counts it (pruned by a master whose clock
+-- ran ahead of the one now serving): it would live on outside the limit.
 for j = 1, P do
   if not redis.call('ZSCORE', KEYS[pk + 2 * j - 1], ARGV[qa + j - 1] .. ':' .. ARGV[1]) then
+    return {0}
+  end
+end
+for h = 1, H do
+  if not redis.call('ZSCORE', KEYS[hk + 2 * h - 2], ARGV[ua + h - 1] .. ':' .. ARGV[1]) then
     return {0}
   end
 end

@@ -1573,6 +1573,54 @@ async fn units_given_back_are_not_sold_or_extended() {
     }
 }
 
+/// A hold whose entry in its holder's set is gone (pruned by a master
+/// whose clock ran ahead, then alive again after a failover to one whose
+/// clock is behind) counts towards no limit: extending it would let it
+/// live on outside the limit, as a hold whose units were given back would
+/// (above). It is refused the same way, and the limit still holds.
+#[tokio::test]
+async fn a_hold_its_holder_no_longer_counts_is_not_extended() {
+    let _guard = common::shared().await;
+    let s = server_with(options()).await;
+    let api = Api::new(&s.base);
+    let sh = show("holder-pruned");
+    let (status, body) = api
+        .put(
+            &format!("/v1/shows/{sh}/settings"),
+            json!({"maxPerHolder": 3}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let t = api
+        .hold_ok(
+            &sh,
+            json!({"seats": ["H1", "H2"], "holder": "bob", "ttlMs": 60000}),
+        )
+        .await;
+    let mut r = redis().await;
+    let removed: i64 = redis::cmd("ZREM")
+        .arg(format!("seat-hold:{{show:{sh}}}#holder:bob"))
+        .arg(format!("2:{t}"))
+        .query_async(&mut r)
+        .await
+        .expect("ZREM");
+    assert_eq!(removed, 1);
+    let (status, body) = api
+        .post(
+            &format!("/v1/shows/{sh}/holds/{t}/extend"),
+            json!({"ttlMs": 120000}),
+        )
+        .await;
+    assert_error(status, &body, 404, "hold_not_found");
+    // Nothing changed: the hold keeps its first expiry.
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(format!("seat-hold:{{show:{sh}}}:H1"))
+        .query_async(&mut r)
+        .await
+        .expect("PTTL");
+    assert!((0..=60_000).contains(&pttl), "PTTL {pttl}");
+}
+
 /// Adds an entry a minute ahead of now at sequence 999 to `show`'s event
 /// stream, so that the next `XADD *` would answer that millisecond with
 /// sequence 1000; answers that millisecond.
