@@ -2856,6 +2856,89 @@ async fn a_failed_confirm_forgets_only_its_own_record() {
     }
 }
 
+/// A confirm whose `WAIT` loses its connection (the master closes it while
+/// the WAIT blocks) made the sale before it: the seat is sold, the answer is
+/// 503 `not_replicated` with the sale, as when the WAIT falls short, and
+/// the sale is counted, with its `confirmed` event. A retry finds the seat
+/// sold, which is not a sale of its own: without this count, no instance
+/// counted it. The daemon is a process of its own, so its counters are its
+/// requests only.
+#[tokio::test]
+async fn a_confirm_whose_wait_breaks_is_counted_and_not_replicated() {
+    let _r = EXCLUSIVE.read().await;
+    // Three replicas asked of one: the WAIT blocks until its timeout.
+    let d = common::Daemon::start(&[
+        "--confirm-wait-replicas",
+        "3",
+        "--confirm-wait-timeout-ms",
+        "2500",
+        "--redis-timeout-ms",
+        "5000",
+    ])
+    .await;
+    let http = reqwest::Client::new();
+    let sh = show("wait-broken");
+    let (status, body) = common::call_at(
+        &http,
+        &d.base,
+        "POST",
+        &format!("/v1/shows/{sh}/seats/W1/hold"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let token = token_of(&body);
+    let before = common::scrape(&d.metrics().await);
+    let (_, master) = common::slot_and_master(&sh).await;
+    let path = format!("/v1/shows/{sh}/holds/{token}/confirm");
+    let confirm = common::call_at(&http, &d.base, "POST", &path, None);
+    let kill = async {
+        // The daemon's connection that runs the WAIT (its local port is
+        // the client's port in CLIENT LIST): no other test's.
+        let limit = Instant::now() + Duration::from_secs(2);
+        loop {
+            let ours = common::local_ports(d.pid());
+            let waiting = common::client_list(master).await.into_iter().find(|c| {
+                c.get("cmd").map(String::as_str) == Some("wait")
+                    && c.get("addr")
+                        .and_then(|a| a.rsplit(':').next())
+                        .and_then(|p| p.parse::<u16>().ok())
+                        .is_some_and(|p| ours.contains(&p))
+            });
+            if let Some(c) = waiting {
+                let killed: i64 = redis::cmd("CLIENT")
+                    .arg("KILL")
+                    .arg("ID")
+                    .arg(&c["id"])
+                    .query_async(&mut common::node(master).await)
+                    .await
+                    .expect("CLIENT KILL");
+                assert_eq!(killed, 1);
+                return;
+            }
+            assert!(Instant::now() < limit, "no WAIT of the daemon on {master}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let ((status, body), ()) = tokio::join!(confirm, kill);
+    common::assert_error(status, &body, 503, "not_replicated");
+    assert_eq!(body["seats"], json!(["W1"]), "{body}");
+    assert_eq!(body["replicas"], 0, "{body}");
+    let seat = get_opt(&keys().seat(&sh, "W1")).await.expect("the seat");
+    assert!(seat.starts_with("sold:"), "{seat}");
+    let wanted = [
+        ("seathold_confirms_total", 1.0),
+        ("seathold_confirms_not_replicated_total", 1.0),
+        ("seathold_events_total{type=\"confirmed\"}", 1.0),
+    ];
+    let after = common::scrape(&d.metrics().await);
+    for (series, delta) in wanted {
+        let moved =
+            after.get(series).copied().unwrap_or(0.0) - before.get(series).copied().unwrap_or(0.0);
+        assert_eq!(moved, delta, "{series}");
+    }
+}
+
 /// A client that hangs up while its request waits on Redis takes nothing
 /// back: Redis made the release and the sale, so both are counted (the
 /// counters and the request histogram), as if the client had stayed. A new

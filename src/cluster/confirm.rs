@@ -154,8 +154,9 @@ impl Cluster {
     /// Runs `script` on a dedicated connection to the master of `keys`'
     /// slot, then, when `wait_for(&reply)` says so, `WAIT`s for replicas on
     /// the same connection. Answers the reply and the replicas that
-    /// acknowledged (0 without a `WAIT`). Everything, connection set-up and
-    /// redirects included, is bounded by `deadline`.
+    /// acknowledged (0 without a `WAIT`, and when the `WAIT` fails: the
+    /// script's reply is never dropped once it came). Everything,
+    /// connection set-up and redirects included, is bounded by `deadline`.
     pub async fn eval_and_wait<T: FromRedisValue>(
         &self,
         deadline: &Deadline,
@@ -184,11 +185,23 @@ impl Cluster {
                     };
                     let err = match run {
                         Ok(reply) => {
-                            let replicas = self
-                                .wait(&mut conn.conn, wait_for(&reply), deadline)
-                                .await?;
-                            self.confirm_pool.give_back(&addr, conn);
-                            return Ok((reply, replicas));
+                            // The script ran, whatever becomes of its WAIT:
+                            // a WAIT that fails (the connection broke) has
+                            // seen no replica acknowledge, which the caller
+                            // answers as a WAIT that fell short, with the
+                            // reply (a sale made is counted once, here).
+                            return match self.wait(&mut conn.conn, wait_for(&reply), deadline).await
+                            {
+                                Ok(replicas) => {
+                                    self.confirm_pool.give_back(&addr, conn);
+                                    Ok((reply, replicas))
+                                }
+                                Err(err) => {
+                                    tracing::warn!(node = %addr, error = %err, "WAIT failed after the script ran");
+                                    self.confirm_pool.forget(&addr);
+                                    Ok((reply, 0))
+                                }
+                            };
                         }
                         Err(err) => err,
                     };
