@@ -1752,6 +1752,69 @@ async fn sse_resumes_with_exactly_the_missed_events() {
     }
 }
 
+/// A show's reader that finds its position gone (a failover to a replica
+/// that never had the last events) ends its subscribers' streams, so that
+/// their clients resume and get 410 and reload the seats, even when the
+/// first reply after the gap is full: its entries (as many as the channel
+/// keeps) pushed the gap's signal out of the channel before the
+/// subscribers read it, and the streams went on. Made on the master: the
+/// last event deleted, 1,100 written after it, and the stream's counters
+/// set as if nothing had been deleted or trimmed, as a promoted replica
+/// that never had the event shows them.
+#[tokio::test]
+async fn a_lost_position_ends_streams_even_behind_a_full_reply() {
+    let _shared = common::shared().await;
+    let d = Daemon::start(&[]).await;
+    let api = Api::new(&d.base);
+    let sh = show("lost-full");
+    let (_, sub) = sse(&d.base, &sh, "", None).await;
+    let mut sub = sub.expect("subscribed");
+    api.hold(&sh, &["L1".to_owned()], LONG_TTL).await;
+    let (_, held) = sub.event(Duration::from_secs(5)).await.expect("held");
+    let last = held["id"].as_str().expect("id").to_owned();
+    let (_, master) = common::slot_and_master(&sh).await;
+    let stream = seathold::keys::KeySpace::new("seat-hold:").events(&sh);
+    let lose_and_write = r"
+        redis.call('XDEL', KEYS[1], ARGV[1])
+        for i = 1, tonumber(ARGV[2]) do
+          redis.call('XADD', KEYS[1], '*', 't', 'held', 'r', string.format('%016x', i),
+            's', 'Z' .. i, 'x', ARGV[3])
+        end
+        local len = redis.call('XLEN', KEYS[1])
+        local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1][1]
+        redis.call('XSETID', KEYS[1], newest, 'ENTRIESADDED', len, 'MAXDELETEDID', '0-0')
+        return len
+    ";
+    let expiry = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis()
+        + u128::from(LONG_TTL);
+    let len: i64 = redis::cmd("EVAL")
+        .arg(lose_and_write)
+        .arg(1)
+        .arg(&stream)
+        .arg(&last)
+        .arg(1100)
+        .arg(expiry.to_string())
+        .query_async(&mut common::node(master).await)
+        .await
+        .expect("EVAL");
+    assert_eq!(len, 1100, "the stream has the new entries only");
+    // The stream ends (after at most the events it was sent before the
+    // gap was seen).
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while sub.frames.recv().await.is_some() {}
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the stream went on after its reader's position was lost"
+    );
+    let (status, _) = sse(&d.base, &sh, "", Some(&last)).await;
+    assert_eq!(status, 410, "Last-Event-ID {last}");
+}
+
 /// A cursor older than what the stream still holds (trimmed by
 /// `--events-max-len`) is 410 `events_expired`, for SSE (`Last-Event-ID`,
 /// `?after=`) and polling alike; a cursor the stream still covers is not.

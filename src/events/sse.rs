@@ -83,6 +83,9 @@ pub async fn subscribe(
         Cursor::Start => EventId::ZERO,
         Cursor::Newest => newest,
     };
+    // An id the stream had (a client's `Last-Event-ID`, checked exactly by
+    // the read above, or its newest entry), unlike a `?after=` position.
+    let read = matches!(cursor, Cursor::Resume(_) | Cursor::Newest) && start > EventId::ZERO;
     // The id the opening frame announces, which a client whose connection
     // breaks before any event resumes from (as `Last-Event-ID`, checked
     // exactly). A `?after=` position is no event when a client made it
@@ -102,7 +105,7 @@ pub async fn subscribe(
         events.heartbeat,
         live,
         first,
-        (announced, start),
+        (announced, Position { id: start, read }),
         tx,
     ));
     let frames = futures_util::stream::unfold(rx, |mut rx| async move {
@@ -158,7 +161,7 @@ async fn feed_client(
     heartbeat: Duration,
     mut live: broadcast::Receiver<Live>,
     first: super::Read,
-    (announced, start): (EventId, EventId),
+    (announced, start): (EventId, Position),
     tx: mpsc::Sender<Bytes>,
 ) {
     let _subscribed = Subscribed::new();
@@ -184,8 +187,8 @@ async fn feed_client(
                     // Events may be missing: end, and let the client
                     // resume from its last id.
                     Ok(Live::Gap) => return Err(End::Gone),
-                    Ok(Live::Event(event)) if event.event_id > cursor => {
-                        cursor = event.event_id;
+                    Ok(Live::Event(event)) if event.event_id > cursor.id => {
+                        cursor.advance(event.event_id);
                         // A full buffer is no verdict yet: a burst (a
                         // sweep's 200 expiries, read at once) fills it
                         // faster than the connection drains it. A client
@@ -232,19 +235,19 @@ async fn feed_client(
 async fn catch_up(
     sub: &Subscription,
     tx: &mpsc::Sender<Bytes>,
-    cursor: &mut EventId,
+    cursor: &mut Position,
     mut page: super::Read,
 ) -> Result<(), End> {
     loop {
         for event in &page.events {
-            if event.event_id > *cursor {
+            if event.event_id > cursor.id {
                 send(tx, frame(event)).await?;
-                *cursor = event.event_id;
+                cursor.advance(event.event_id);
             }
         }
         // Past entries that are not events too.
         if let Some(last) = page.last {
-            *cursor = (*cursor).max(last);
+            cursor.advance(last);
         }
         if page.entries < PAGE {
             return Ok(());
@@ -253,17 +256,47 @@ async fn catch_up(
     }
 }
 
+/// Where a client's stream is: the last entry it was sent or read past,
+/// or, before any, where it started.
+#[derive(Clone, Copy)]
+struct Position {
+    id: EventId,
+    /// Whether `id` is an entry read from the stream, which a read after it
+    /// must find exactly (a failover may have lost it, with the changes its
+    /// client saw up to it), not a position (`?after=`, perhaps made from a
+    /// time).
+    read: bool,
+}
+
+impl Position {
+    /// Moves past the entry `id` read from the stream, if it is later.
+    fn advance(&mut self, id: EventId) {
+        if id > self.id {
+            self.id = id;
+            self.read = true;
+        }
+    }
+}
+
 /// A page of the events after `cursor`, within a Redis request's deadline
-/// of its own. A failed read (events after it trimmed away, or Redis
-/// unavailable) ends the stream: the client resumes from its last id, and
-/// learns of a trimmed stream by its 410.
-async fn read_after(sub: &Subscription, cursor: EventId) -> Result<super::Read, End> {
+/// of its own. A failed read (events after it trimmed away, an entry it was
+/// sent gone, or Redis unavailable) ends the stream: the client resumes
+/// from its last id, and learns of either by its 410. Exact after an entry
+/// read, so that a client that fell behind its show's reader when the
+/// reader found its position gone ends too: the reader's gap signal, sent
+/// before the entries of the reply that showed the gap, may have left the
+/// channel before it was read, pushed out by them.
+async fn read_after(sub: &Subscription, cursor: Position) -> Result<super::Read, End> {
     read(
         &sub.cluster,
         &sub.keys,
         &sub.cluster.deadline(),
         &sub.show,
-        Cursor::After(cursor),
+        if cursor.read {
+            Cursor::Resume(cursor.id)
+        } else {
+            Cursor::After(cursor.id)
+        },
         Span::new(PAGE, sub.max_len),
     )
     .await
