@@ -27,7 +27,7 @@ pub enum Error {
     InvalidTtl(String),
     #[error("seat {0} appears more than once")]
     DuplicateSeat(String),
-    #[error("a hold may have at most {0} seats")]
+    #[error("a hold may have at most {0} seats and at most {0} pools")]
     TooManySeats(usize),
     #[error("no hold with this token: it expired, was released or confirmed, or never existed")]
     HoldNotFound,

@@ -664,6 +664,67 @@ async fn confirm_reports_missing_replication_honestly() {
     common::assert_error(status, &body, 503, "not_replicated");
 }
 
+/// A 201 names the hold it made (`Location`), for every route that makes
+/// one, its replay too; the hold is read back from there.
+#[tokio::test]
+async fn a_new_hold_is_answered_with_its_location() {
+    let _shared = common::shared().await;
+    let s = server().await;
+    let sh = show("location");
+    let seat = format!("/v1/shows/{sh}/seats/L1/hold");
+    let holds = format!("/v1/shows/{sh}/holds");
+    let requests = [
+        (seat.as_str(), None, json!(null)),
+        (holds.as_str(), None, json!({"seats": ["L2"]})),
+        (
+            "/v1/holds",
+            None,
+            json!({"seats": [{"show": sh, "seat": "L3"}]}),
+        ),
+        (
+            holds.as_str(),
+            Some("location-replay"),
+            json!({"seats": ["L4"]}),
+        ),
+        (
+            holds.as_str(),
+            Some("location-replay"),
+            json!({"seats": ["L4"]}),
+        ),
+    ];
+    let mut tokens = Vec::new();
+    for (i, (path, key, body)) in requests.into_iter().enumerate() {
+        let mut req = s.http.post(format!("{}{path}", s.base));
+        if !body.is_null() {
+            req = req.json(&body);
+        }
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        let resp = req.send().await.expect("POST");
+        assert_eq!(resp.status().as_u16(), 201, "{path}");
+        let replayed = resp.headers().contains_key("idempotent-replayed");
+        assert_eq!(replayed, i == 4, "{path}: only the last is a replay");
+        let location = resp
+            .headers()
+            .get("location")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let hold: Value = resp.json().await.expect("JSON");
+        let token = token(&hold);
+        tokens.push(token.clone());
+        assert_eq!(
+            location.as_deref(),
+            Some(format!("/v1/shows/{sh}/holds/{token}").as_str()),
+            "{path}"
+        );
+        let (status, read) = s.get(&location.unwrap_or_default()).await;
+        assert_eq!(status, 200, "{read}");
+        assert_eq!(read["holdToken"], hold["holdToken"]);
+    }
+    assert_eq!(tokens[3], tokens[4], "the replay names the same hold");
+}
+
 #[tokio::test]
 async fn multi_show_holds_in_one_slot() {
     let _shared = common::shared().await;

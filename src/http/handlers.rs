@@ -240,7 +240,18 @@ async fn hold(
         .service()
         .hold(&deadline, home, contents, ttl, idem.as_ref())
         .await?;
-    Ok(answer(StatusCode::CREATED, &hold))
+    let mut resp = answer(StatusCode::CREATED, &hold);
+    // Where the hold is read, released, extended: ids and tokens need no
+    // escaping in a path.
+    let at = format!(
+        "/v1/shows/{}/holds/{}",
+        hold.value.show,
+        hold.value.hold_token.as_str()
+    );
+    if let Ok(at) = HeaderValue::from_str(&at) {
+        resp.headers_mut().insert(hyper::header::LOCATION, at);
+    }
+    Ok(resp)
 }
 
 /// `GET /v1/shows/{show}/holds/{token}`.
