@@ -274,7 +274,7 @@ fn describe() {
     );
     describe_counter!(
         EVENT_SUBSCRIBERS_DROPPED,
-        "Event subscribers disconnected because they stopped reading (took nothing from their buffer for 5 s)."
+        "Event subscribers disconnected because they stopped reading (took nothing from their buffer for 5 s, or from their connection for --header-read-timeout-ms)."
     );
     describe_counter!(
         EVENT_READER_GAPS,

@@ -354,7 +354,7 @@ impl Accept<'_> {
                 Ok(response)
             }
         });
-        let stream = WriteStall::new(stream, self.header_read_timeout);
+        let stream = WriteStall::new(stream, self.header_read_timeout, disconnect.clone());
         let conn = self
             .graceful
             .watch(builder.serve_connection(TokioIo::new(stream), service));
@@ -382,14 +382,18 @@ struct WriteStall {
     limit: Duration,
     /// Running while a write waits for the client.
     stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// Told when the limit passed, so that an event stream on the
+    /// connection counts its client as one that stopped reading.
+    disconnect: http::Disconnect,
 }
 
 impl WriteStall {
-    fn new(stream: tokio::net::TcpStream, limit: Duration) -> Self {
+    fn new(stream: tokio::net::TcpStream, limit: Duration, disconnect: http::Disconnect) -> Self {
         Self {
             stream,
             limit,
             stalled: None,
+            disconnect,
         }
     }
 
@@ -409,10 +413,13 @@ impl WriteStall {
             .stalled
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
         match stalled.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the client read nothing of the answer in time",
-            ))),
+            Poll::Ready(()) => {
+                self.disconnect.stalled();
+                Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the client read nothing of the answer in time",
+                )))
+            }
             Poll::Pending => Poll::Pending,
         }
     }

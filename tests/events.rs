@@ -2351,6 +2351,73 @@ async fn burst_reaches_a_reading_client(n: usize) {
     );
 }
 
+/// A client that stops reading is counted in
+/// `seathold_event_subscribers_dropped_total` also when its connection's
+/// own patience with a client that takes nothing (`--header-read-timeout-ms`,
+/// here 1 s) closes it before the stream's (its buffer full for 5 s): on a
+/// show with few events, where that buffer fills slowly, the usual case.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_closed_for_taking_nothing_counts_as_dropped() {
+    let _shared = common::shared().await;
+    let d = Daemon::start(&[
+        "--max-seats-per-hold",
+        "500",
+        "--header-read-timeout-ms",
+        "1000",
+    ])
+    .await;
+    let api = Api::new(&d.base);
+    let sh = show("stalled");
+    let stuck = raw_sse(d.addr, &sh, Some(4096)).await;
+    let dropped_before = metric(&d, "seathold_event_subscribers_dropped_total").await;
+    // Events of 500 long seat ids (about 35 kB each), more than the
+    // kernel's buffers take, until the server closes the connection.
+    let seat = |i: usize, j: usize| format!("{i:04}-{j:03}-{}", "x".repeat(50));
+    let closed = async {
+        let mut buf = [0u8; 1];
+        // Reads nothing until the server gave up: then its end (or reset).
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let peeked = tokio::time::timeout(Duration::from_millis(1), stuck.peek(&mut buf)).await;
+            if let Ok(Err(_)) = peeked {
+                return;
+            }
+            if metric(&d, "seathold_event_subscribers").await == 0.0 {
+                return;
+            }
+        }
+    };
+    let tokens = std::sync::Mutex::new(Vec::new());
+    let writer = async {
+        for i in 0..400 {
+            let seats: Vec<String> = (0..500).map(|j| seat(i, j)).collect();
+            let hold = api.hold(&sh, &seats, LONG_TTL).await;
+            tokens.lock().expect("tokens").push(token(&hold));
+        }
+    };
+    tokio::select! {
+        () = closed => {}
+        () = writer => panic!("the stuck client kept its stream through 400 events (14 MB)"),
+    }
+    eventually(
+        Duration::from_secs(5),
+        "the stuck client counted as dropped",
+        || async {
+            metric(&d, "seathold_event_subscribers_dropped_total").await - dropped_before == 1.0
+        },
+    )
+    .await;
+    // Tens of thousands of seat keys with a TTL slowed the scans of the
+    // masters by the other tests' daemons (forty_expiries counts sweeps).
+    let tokens = tokens.into_inner().expect("tokens");
+    for t in tokens {
+        let (status, body) = api
+            .call("DELETE", &format!("/v1/shows/{sh}/holds/{t}"), None)
+            .await;
+        assert_eq!(status, 204, "{body}");
+    }
+}
+
 /// Clients that stop reading (raw TCP clients that never read after the
 /// headers) are disconnected by the server and counted in
 /// `seathold_event_subscribers_dropped_total`, while a reading client gets

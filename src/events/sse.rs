@@ -219,14 +219,24 @@ async fn feed_client(
         }
     };
     let result: Result<(), End> = end.await;
-    if let Err(End::TooSlow) = result {
-        // Closed, not just ended: a client that does not read would keep
-        // the connection, and what is buffered for it, forever.
-        if let Some(disconnect) = &sub.disconnect {
-            disconnect.now();
+    match result {
+        Err(End::TooSlow) => {
+            // Closed, not just ended: a client that does not read would
+            // keep the connection, and what is buffered for it, forever.
+            if let Some(disconnect) = &sub.disconnect {
+                disconnect.now();
+            }
+            metrics::counter!(m::EVENT_SUBSCRIBERS_DROPPED).increment(1);
+            tracing::debug!(show = %sub.show, "event subscriber too slow; disconnected");
         }
-        metrics::counter!(m::EVENT_SUBSCRIBERS_DROPPED).increment(1);
-        tracing::debug!(show = %sub.show, "event subscriber too slow; disconnected");
+        // The connection closed it first: its client took nothing for as
+        // long as a connection waits (`--header-read-timeout-ms`), before
+        // its buffer here stayed full for [`STALL`] (events come slowly).
+        Err(End::Gone) if sub.disconnect.as_ref().is_some_and(|d| d.was_stalled()) => {
+            metrics::counter!(m::EVENT_SUBSCRIBERS_DROPPED).increment(1);
+            tracing::debug!(show = %sub.show, "event subscriber took nothing; its connection closed");
+        }
+        _ => {}
     }
 }
 

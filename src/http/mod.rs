@@ -138,17 +138,38 @@ impl App {
 /// leave the connection open, its unsent bytes buffered, for as long as the
 /// client lingers without reading.
 #[derive(Clone, Default)]
-pub struct Disconnect(Arc<tokio::sync::Notify>);
+pub struct Disconnect(Arc<DisconnectState>);
+
+#[derive(Default)]
+struct DisconnectState {
+    asked: tokio::sync::Notify,
+    /// The connection's writes failed because its client took nothing for
+    /// too long (the server's `WriteStall`).
+    stalled: std::sync::atomic::AtomicBool,
+}
 
 impl Disconnect {
     /// Asks the connection's task to drop the connection.
     pub fn now(&self) {
-        self.0.notify_one();
+        self.0.asked.notify_one();
     }
 
     /// Completes once [`Disconnect::now`] was called (before or after).
     pub async fn requested(&self) {
-        self.0.notified().await;
+        self.0.asked.notified().await;
+    }
+
+    /// Marks the connection as closed because its client took nothing of
+    /// the answer for too long.
+    pub fn stalled(&self) {
+        self.0.stalled.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`Disconnect::stalled`] was called: an event stream that
+    /// ends with its connection then counts its client as one that stopped
+    /// reading.
+    pub fn was_stalled(&self) -> bool {
+        self.0.stalled.load(Ordering::Relaxed)
     }
 }
 
