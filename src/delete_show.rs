@@ -187,10 +187,11 @@ impl Deleter {
         .await
         .map_err(|e| fail("CLUSTER GETKEYSINSLOT", e))?;
         let tag = self.keys.show_tag(show).into_bytes();
-        let own: Vec<Vec<u8>> = in_slot
+        let mut own: Vec<Vec<u8>> = in_slot
             .into_iter()
             .filter(|k| k.starts_with(&tag))
             .collect();
+        stream_first(&self.keys, show, &mut own);
         let mut outcome = Outcome {
             show: show.clone(),
             node: node.clone(),
@@ -359,6 +360,27 @@ fn serves_alone(nodes: &str, slot: u16) -> Result<(), String> {
     }
 }
 
+/// Puts `show`'s event stream, and its count of deleted entries, first
+/// among `own`, the show's keys; the others keep their order. Redis lists a
+/// slot's newest keys first (`CLUSTER GETKEYSINSLOT` on 7.0), so the stream,
+/// made with the show's first hold, came last: a deletion stopped before
+/// the last batch (a hold made since the check, a timeout) left it, and the
+/// show's readers went on from it as if nothing had gone, their seat views
+/// answering the deleted sold seats as sold. Deleted first, the stream's
+/// readers find it gone and start over (a gap), as after a whole deletion.
+fn stream_first(keys: &KeySpace, show: &ShowId, own: &mut [Vec<u8>]) {
+    let (stream, deleted) = (keys.events(show), keys.events_deleted(show));
+    own.sort_by_key(|k| {
+        if *k == stream.as_bytes() {
+            0
+        } else if *k == deleted.as_bytes() {
+            1
+        } else {
+            2
+        }
+    });
+}
+
 /// The sorted sets of holds that `delete_show.lua` checks with every batch
 /// whether or not they are in it (a hold made after the check may have
 /// made them anew): the show's deadline index, and the holds of each of
@@ -431,7 +453,32 @@ async fn unlink(
 
 #[cfg(test)]
 mod tests {
-    use super::serves_alone;
+    use super::{serves_alone, stream_first};
+    use crate::ids::ShowId;
+    use crate::keys::KeySpace;
+
+    /// The event stream goes in the first batch: a deletion stopped by a
+    /// later batch (a hold made since the check, a timeout) leaves no
+    /// stream that the show's readers would go on from while the seats it
+    /// told them were sold are gone (their seat views answered those seats
+    /// sold, 409, for as long as they lived).
+    #[test]
+    fn the_event_stream_goes_first() {
+        let ks = KeySpace::new("seat-hold:");
+        let show = ShowId::parse("42").expect("show");
+        let mut own: Vec<Vec<u8>> = (0..1500)
+            .map(|i| ks.seat("42", &format!("S{i}")).into_bytes())
+            .collect();
+        own.insert(700, ks.events_deleted(&show).into_bytes());
+        own.push(ks.events(&show).into_bytes());
+        let seats: Vec<Vec<u8>> = own.iter().filter(|k| k.ends_with(b"0")).cloned().collect();
+        stream_first(&ks, &show, &mut own);
+        assert_eq!(own[0], ks.events(&show).into_bytes());
+        assert_eq!(own[1], ks.events_deleted(&show).into_bytes());
+        assert_eq!(own.len(), 1502);
+        let after: Vec<Vec<u8>> = own.iter().filter(|k| k.ends_with(b"0")).cloned().collect();
+        assert_eq!(after, seats, "the other keys keep their order");
+    }
 
     const NODES: &str = "\
 07c3 127.0.0.1:30004@40004 master - 0 1 2 connected 5461-10922
