@@ -73,8 +73,9 @@ pub struct Feed {
     /// Turns true once the reader has pinned its starting position: every
     /// event after it will be sent.
     pub started: watch::Receiver<bool>,
-    /// When (ms since the Unix epoch, this machine's clock) the reader last
-    /// knew it had every event: its last XREAD returned then. A reader that
+    /// When (ms of [`mono_ms`], this machine's monotonic clock) the reader
+    /// last knew it had every event: when it sent the last XREAD that came
+    /// back short. A reader that
     /// blocks no longer than its bound proves it is current this way.
     pub current_at: Arc<AtomicU64>,
     /// The show's seat view, once one was asked for.
@@ -568,6 +569,20 @@ pub fn mono_ms() -> u64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     let start = START.get_or_init(std::time::Instant::now);
     start.elapsed().as_millis() as u64 + 1
+}
+
+/// This machine's clock in ms since the Unix epoch as it read at the first
+/// call, advanced by the monotonic clock since: it never steps when the
+/// system clock is set back or forward (both follow NTP's slewing), so an
+/// offset measured against it, such as the seat view's lead of Redis's
+/// clock, stays true across such a step. Against the system clock, a step
+/// back made the view reckon Redis's time too early by the step, and hold
+/// seats it knew as held for that much longer (until an event said
+/// otherwise).
+pub fn steady_now_ms() -> i64 {
+    static START: std::sync::OnceLock<(std::time::Instant, u64)> = std::sync::OnceLock::new();
+    let (start, wall) = START.get_or_init(|| (std::time::Instant::now(), now_ms()));
+    i64::try_from(*wall).unwrap_or(0) + i64::try_from(start.elapsed().as_millis()).unwrap_or(0)
 }
 
 /// This machine's clock, ms since the Unix epoch.

@@ -17,8 +17,8 @@
 //!
 //! It never grants: a request that may succeed always goes to Redis. It only
 //! answers while its reader is current, that is when the reader's last XREAD
-//! (which blocks at most half of `--view-max-lag-ms`) returned within
-//! `--view-max-lag-ms`; otherwise, after a restart, and for seats it has
+//! (which blocks at most a third of `--view-max-lag-ms`), counted from when
+//! it was sent, came back within `--view-max-lag-ms`; otherwise, after a restart, and for seats it has
 //! seen no event of, Redis answers. The one trade-off: a seat released a
 //! few milliseconds ago may still be refused for up to that bound, exactly
 //! as if another customer had won it. Writers outside seathold (a raw

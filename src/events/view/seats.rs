@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::events::hub::{mono_ms, now_ms};
+use crate::events::hub::{mono_ms, steady_now_ms};
 use crate::events::Event;
 use crate::ids::SeatId;
 use crate::model::State;
@@ -72,8 +72,10 @@ struct ViewState {
 const PRUNE_AT: usize = 4096;
 
 impl ViewState {
-    /// Drops the seats known free, holds over by `now` (no later than
-    /// Redis's clock, so that no live hold is dropped) and
+    /// Drops the seats known free, holds over by `now` (Redis's clock as
+    /// the view reckons it, no later than it is but by a sample's delivery
+    /// time, or after a failover to a master whose clock is behind: a hold
+    /// dropped early is then answered by Redis, never refused here) and
     /// the holds of no seat held, once the view knows more than `prune_at`
     /// of either: clients that hold and release ever new seat ids would
     /// otherwise grow it without bound. Sold seats and live holds stay.
@@ -123,7 +125,7 @@ impl SeatView {
 
     /// Applies one event of the show (the reader calls this in order).
     pub fn apply(&self, event: &Event) {
-        let ahead = i64::try_from(event.event_id.ms).unwrap_or(0) - now_ms() as i64;
+        let ahead = i64::try_from(event.event_id.ms).unwrap_or(0) - steady_now_ms();
         self.clock_ahead.fetch_max(ahead, Ordering::Relaxed);
         let until = event
             .expires_at_ms
@@ -171,7 +173,7 @@ impl SeatView {
     pub fn learn_redis_time(&self, redis_ms: i64) {
         // Read after Redis answered: short of its lead by the reply's
         // travel, as an event's sample is by its delivery.
-        let ahead = redis_ms - now_ms() as i64;
+        let ahead = redis_ms - steady_now_ms();
         self.clock_ahead.fetch_max(ahead, Ordering::Relaxed);
     }
 
@@ -181,7 +183,7 @@ impl SeatView {
     fn redis_now_at_least(&self) -> i64 {
         match self.clock_ahead.load(Ordering::Relaxed) {
             i64::MIN => i64::MIN,
-            ahead => now_ms() as i64 + ahead,
+            ahead => steady_now_ms() + ahead,
         }
     }
 
@@ -244,13 +246,16 @@ impl SeatView {
     }
 
     /// Redis's time now as the view reckons it: this machine's clock plus
-    /// the most Redis was seen ahead (by the events' ids; never less than
-    /// this machine's clock). Each sample falls short of Redis's lead by
-    /// its event's delivery time, a millisecond or so, which the lag
-    /// bound's margin covers.
+    /// the most Redis was seen ahead (by the events' ids; behind when
+    /// Redis's clock is, so that the `expiresInMs` the view answers are
+    /// Redis's own), or this machine's clock before any sample. Each
+    /// sample falls short of Redis's lead by its event's delivery time, a
+    /// millisecond or so, which the lag bound's margin covers.
     pub fn redis_now(&self) -> i64 {
-        let ahead = self.clock_ahead.load(Ordering::Relaxed);
-        now_ms() as i64 + ahead.max(0)
+        match self.clock_ahead.load(Ordering::Relaxed) {
+            i64::MIN => steady_now_ms(),
+            ahead => steady_now_ms() + ahead,
+        }
     }
 
     /// What the view knows of `seats` while it is current: `Some` for a
@@ -408,6 +413,7 @@ impl SeatView {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::hub::now_ms;
     use crate::events::EventId;
     use crate::ids::ShowId;
 
@@ -447,6 +453,24 @@ mod tests {
         let current = Arc::new(AtomicU64::new(mono_ms()));
         let view = SeatView::new(Arc::clone(&current), 250);
         (current, view)
+    }
+
+    /// A Redis whose clock is behind this machine's (its events' ids 5 s
+    /// early): the view reckons Redis's time as Redis keeps it, so a hold
+    /// it knows answers the time Redis gives it. Before, the view never
+    /// reckoned Redis's clock behind this machine's, and answered 55 s.
+    #[test]
+    fn a_redis_clock_behind_is_reckoned_as_it_is() {
+        let (_current, view) = current_view();
+        let mut held = event("held", &["E7"], "r1", None);
+        let redis_now = held.event_id.ms as i64 - 5_000;
+        held.event_id.ms = redis_now as u64;
+        held.expires_at_ms = Some(redis_now + 60_000);
+        view.apply(&held);
+        let Some(State::Held(Some(left))) = view.known(&[seat("E7")]).expect("current")[0] else {
+            panic!("E7 held");
+        };
+        assert!((59_000..=60_000).contains(&left), "{left} ms left");
     }
 
     #[test]
