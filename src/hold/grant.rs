@@ -15,7 +15,7 @@ use crate::events::view::SeatView;
 use crate::idempotency::{Idem, Recorded};
 use crate::ids::{HoldToken, SeatId, ShowId};
 use crate::metrics as m;
-use crate::model::{Contents, Hold, Seats, State, Taken};
+use crate::model::{Contents, Hold, Seats, Taken};
 
 impl Service {
     /// Holds `contents`, all or nothing. `home` is the show whose routes
@@ -132,7 +132,7 @@ impl Service {
                 });
                 if let Error::SeatsTaken(taken, _) = &err {
                     match &view {
-                        Some((view, position)) => view.learn(*position, &learned(taken)),
+                        Some((view, position)) => view.learn_sold(*position, &sold(taken)),
                         // A refusal a view could have given: it counts
                         // toward giving the show one.
                         None if view_may_answer(&contents, idem) => {
@@ -418,11 +418,11 @@ fn view_may_answer(contents: &Contents, idem: Option<&Idem>) -> bool {
 /// only sold seats. A held seat may be held by a writer outside seathold
 /// (the reference design's raw `SET … NX PX`), whose release writes no
 /// event; a sale is always seathold's own.
-fn learned(taken: &[Taken]) -> Vec<(SeatId, State)> {
+fn sold(taken: &[Taken]) -> Vec<SeatId> {
     taken
         .iter()
         .filter(|t| t.state == "sold")
-        .map(|t| (t.seat.clone(), State::Sold))
+        .map(|t| t.seat.clone())
         .collect()
 }
 

@@ -327,17 +327,18 @@ impl SeatView {
         self.lock().applied
     }
 
-    /// Learns states that Redis answered as of `position` (the view's
-    /// position when the request was sent): held until `expiresInMs` from
-    /// now on Redis's clock, or sold. A seat that changed in the view since
-    /// `position` keeps the newer state.
-    pub fn learn(&self, position: u64, taken: &[(SeatId, State)]) {
-        let now = self.redis_now();
+    /// Learns the seats that Redis answered sold as of `position` (the
+    /// view's position when the request was sent). A seat that changed in
+    /// the view since `position` keeps the newer state. Only sales: a held
+    /// seat's `expiresInMs` is Redis's as it answered, and the time the
+    /// answer took to come would make it end later here than in Redis
+    /// (its event tells the view when it ends).
+    pub fn learn_sold(&self, position: u64, sold: &[SeatId]) {
         let mut state = self.lock();
         if position < state.forgotten {
             return;
         }
-        for (seat, s) in taken {
+        for seat in sold {
             if state
                 .seats
                 .get(seat.as_str())
@@ -345,12 +346,9 @@ impl SeatView {
             {
                 continue;
             }
-            let known = match s {
-                State::Sold => Known::Sold,
-                State::Held(Some(pttl)) => Known::Held(now + pttl),
-                _ => continue,
-            };
-            state.seats.insert(seat.to_string(), (known, position));
+            state
+                .seats
+                .insert(seat.to_string(), (Known::Sold, position));
         }
     }
 
@@ -497,11 +495,11 @@ mod tests {
         // Learned from a 409 of Redis: known from then on, unless an event
         // changed the seat after the request was sent.
         let before = view.position();
-        view.learn(before, &[(seat("A1"), State::Held(Some(60_000)))]);
+        view.learn_sold(before, &[seat("A1")]);
         assert!(view.refusal(&[seat("A1")]).is_some());
         let stale = view.position();
         view.apply(&event("released", &["C1"], "r9", None));
-        view.learn(stale, &[(seat("C1"), State::Sold)]);
+        view.learn_sold(stale, &[seat("C1")]);
         assert_eq!(view.known(&[seat("C1")]), Some(vec![Some(State::Free)]));
         // A hold learned from the deadline index that gives a seat back.
         let before = view.position();
@@ -617,7 +615,7 @@ mod tests {
         // Current again: the loop may take longer than the lag bound.
         current.store(mono_ms(), Ordering::Relaxed);
         assert!(view.refusal(&[seat("KEEP")]).is_some(), "a live hold stays");
-        view.learn(stale, &[(seat("S0"), State::Held(Some(60_000)))]);
+        view.learn_sold(stale, &[seat("S0")]);
         assert_eq!(view.known(&[seat("S0")]), Some(vec![None]));
     }
 }
