@@ -1516,4 +1516,12 @@ async fn dev_prints_the_seat_map_url_unless_ui_off() {
         .await
         .expect("the page");
     assert_eq!(page.status(), 404);
+    // Not there at all: no 405 naming the page's methods.
+    let post = http
+        .post(format!("http://127.0.0.1:{port}/ui/shows/42"))
+        .send()
+        .await
+        .expect("a POST");
+    assert_eq!(post.status(), 404);
+    assert!(post.headers().get("allow").is_none());
 }

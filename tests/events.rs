@@ -2744,6 +2744,14 @@ async fn events_off_has_no_route_and_writes_no_stream() {
     common::assert_error(status, &body, 404, "not_found");
     let (status, _) = sse(&d.base, &sh, "", None).await;
     assert_eq!(status, 404);
+    // A route that is off is not there at all: no 400 for its show id, no
+    // 405 naming its methods.
+    let (status, body) = api.call("GET", "/v1/shows/no%20show/events", None).await;
+    common::assert_error(status, &body, 404, "not_found");
+    let (status, body) = api
+        .call("POST", &format!("/v1/shows/{sh}/events"), None)
+        .await;
+    common::assert_error(status, &body, 404, "not_found");
 
     let a = api
         .hold(&sh, &["A1".to_owned(), "A2".to_owned()], LONG_TTL)

@@ -288,7 +288,14 @@ async fn dispatch(
     head: &hyper::http::request::Parts,
     body: impl ReqBody,
 ) -> Result<Resp, Error> {
-    if route == Route::Unknown {
+    // A route switched off (`--events off`, `--ui off`) is not there at
+    // all: 404 whatever its method or ids.
+    let off = match route {
+        Route::Events { .. } => app.events.is_none(),
+        Route::Ui { .. } => !app.ui,
+        _ => false,
+    };
+    if route == Route::Unknown || off {
         return Err(Error::NotFound);
     }
     if !route.allows(&head.method) {
