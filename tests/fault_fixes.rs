@@ -667,6 +667,67 @@ async fn confirms_follow_a_slot_that_moves() {
         .expect("cluster healthy");
 }
 
+/// A storm of requests for a slot that is moving: 200 reads of seats that
+/// do not exist, 64 at a time, while the slot is MIGRATING (every one
+/// redirected with `ASK`). The cluster client follows an ASK with `ASKING`
+/// and the command sent apart on its shared connection, where another
+/// request could use the flag up; the churn of MOVED and ASK that followed
+/// wedged that connection for good in most such storms (a reviewer's
+/// find, 5 of 5 at 64 at a time): every probe timed out, and the daemon
+/// stayed unready after the move ended. Now a probe that times out twice in
+/// a row has the connection made anew, and the daemon is ready again.
+#[tokio::test]
+async fn a_storm_of_asks_leaves_the_daemon_ready() {
+    use futures_util::StreamExt;
+    let _exclusive = LOCK.write().await;
+    let s = server().await;
+    s.wait_metric(DIRECT, 3.0, Duration::from_secs(5)).await;
+    let sh = show("ask-storm");
+    let slot = slot_of(&sh);
+    let from = cluster().master_port_for_slot(slot).await.expect("master");
+    let to = master_ports()
+        .await
+        .into_iter()
+        .find(|p| *p != from)
+        .expect("another master");
+    let mv = SlotMove::begin(slot, from, to).await;
+    let statuses: Vec<u16> = futures_util::stream::iter(0..200)
+        .map(|i| {
+            let (http, url) = (
+                s.http.clone(),
+                format!("{}/v1/shows/{sh}/seats/S{i}", s.base),
+            );
+            async move {
+                http.get(url)
+                    .send()
+                    .await
+                    .map_or(0, |r| r.status().as_u16())
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    eprintln!("ask storm: {ok} of 200 reads answered 200 during the move");
+    assert!(
+        statuses.iter().all(|s| matches!(s, 200 | 503)),
+        "{statuses:?}"
+    );
+    mv.finish().await;
+    let back = SlotMove::begin(slot, to, from).await;
+    back.finish().await;
+    s.wait_ready(Duration::from_secs(20)).await;
+    let (status, state) = s.get(&format!("/v1/shows/{sh}/seats/S1")).await;
+    assert_eq!(status, 200, "{state}");
+    let hold = s.hold(&sh, &["S1"]).await;
+    assert!(hold["holdToken"].is_string(), "{hold}");
+    s.stop().await;
+    cluster()
+        .wait_until_ok(Duration::from_secs(30))
+        .await
+        .expect("cluster healthy");
+}
+
 /// Fault 8, the confirm's own retry loop. The confirm's read-only lookup
 /// passes while the old master is paused for writes (`CLIENT PAUSE WRITE`
 /// holds only the sale script, queued on its dedicated connection); the

@@ -13,8 +13,9 @@
 //! connection), the request goes over the cluster connection instead, which
 //! follows redirects and reconnects, and the slot map is refreshed.
 //!
-//! The cluster connection is made in the background and remade when it
-//! fails, so the daemon starts (and answers `/healthz`) before the cluster is
+//! The cluster connection is made in the background, and made anew when
+//! probes time out on it twice in a row (see [`Cluster::check_once`]), so
+//! the daemon starts (and answers `/healthz`) before the cluster is
 //! reachable, and is simply not ready until it is.
 
 use std::collections::{HashMap, HashSet};
@@ -45,6 +46,10 @@ pub use deadline::Deadline;
 pub use fault::{classify, RedisFault, Retry};
 pub use readiness::Readiness;
 pub use topology::{SlotRange, Topology};
+
+/// Probes in a row that timed out on every node after which the cluster
+/// connection is made anew.
+const PROBE_TIMEOUTS_TO_RECONNECT: u32 = 2;
 
 /// How to reach the cluster.
 #[derive(Debug, Clone)]
@@ -112,6 +117,9 @@ pub struct Cluster {
     connecting: Mutex<HashSet<String>>,
     /// The node that answered the last probe: asked first next time.
     last_asked: Mutex<Option<String>>,
+    /// Probes in a row that timed out on every node asked (see
+    /// [`Cluster::check_once`]).
+    probe_timeouts: std::sync::atomic::AtomicU32,
     /// Idle dedicated connections for confirm + `WAIT`.
     confirm_pool: confirm::Pool,
     scripts: Scripts,
@@ -188,6 +196,7 @@ impl Cluster {
             stale: AtomicBool::new(false),
             connecting: Mutex::new(HashSet::new()),
             last_asked: Mutex::new(None),
+            probe_timeouts: std::sync::atomic::AtomicU32::new(0),
             confirm_pool: confirm::Pool::default(),
             scripts,
             timeout: opts.timeout,
@@ -332,6 +341,10 @@ impl Cluster {
         }
     }
 
+    /// One round of [`Cluster::maintain`]: connect when there is no
+    /// cluster connection, then probe; a connection whose probes timed out
+    /// [`PROBE_TIMEOUTS_TO_RECONNECT`] times in a row is dropped, and made
+    /// anew by the next round.
     async fn check_once(self: &Arc<Self>) {
         if self.routing().conn.is_none() {
             if let Err(why) = self.connect().await {
@@ -345,7 +358,20 @@ impl Cluster {
                 self.readiness.set_cluster(true, "Redis Cluster is ready");
                 self.connect_direct();
             }
-            Err(why) => self.readiness.set_cluster(false, &why),
+            Err(why) => {
+                self.readiness.set_cluster(false, &why);
+                // Every node timed out twice in a row: Redis may be that
+                // slow, or the cluster connection may be wedged, which the
+                // cluster client does not mend (a storm of ASK redirects on
+                // it, the slot moving, wedged it for good: probes never left
+                // the client, and the daemon stayed unready after the move
+                // ended). A new one costs a connection per node.
+                if self.probe_timeouts.load(Ordering::Relaxed) >= PROBE_TIMEOUTS_TO_RECONNECT {
+                    self.probe_timeouts.store(0, Ordering::Relaxed);
+                    tracing::warn!("Redis probes timed out {PROBE_TIMEOUTS_TO_RECONNECT} times in a row; making the cluster connection anew");
+                    self.routing_mut().conn = None;
+                }
+            }
         }
     }
 
@@ -386,8 +412,17 @@ impl Cluster {
     async fn probe(&self) -> Result<(), String> {
         let conn = self.conn().map_err(|e| e.to_string())?;
         let answer = match self.ask_a_node(conn).await {
-            Ok(answer) => answer,
+            Ok(answer) => {
+                self.probe_timeouts.store(0, Ordering::Relaxed);
+                answer
+            }
             Err(err) => {
+                let timed_out = matches!(err, Error::RedisUnavailable(RedisFault::Timeout, _));
+                if timed_out {
+                    self.probe_timeouts.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.probe_timeouts.store(0, Ordering::Relaxed);
+                }
                 if let Error::RedisUnavailable(fault, _) = &err {
                     metrics::counter!(m::REDIS_ERRORS, "kind" => fault.label()).increment(1);
                 }
