@@ -725,6 +725,71 @@ async fn a_new_hold_is_answered_with_its_location() {
     assert_eq!(tokens[3], tokens[4], "the replay names the same hold");
 }
 
+/// A confirm waiting for one of its master's dedicated connections (32,
+/// every one held by a confirm whose WAIT waits for replicas that are not
+/// there) gets the first one given back: before, it waited until one was
+/// closed, while connections lay idle and later confirms took them. Here
+/// 16 confirms start, 16 more 1 s later, then one whose hold is gone (its
+/// script answers at once, without a WAIT): it is answered when the first
+/// 16 end, not after the second 16.
+#[tokio::test]
+async fn a_confirm_waiting_for_a_connection_gets_the_first_given_back() {
+    let _shared = common::shared().await;
+    let mut opts = common::options();
+    opts.confirm_wait_replicas = 3; // each master has one replica
+    opts.confirm_wait_timeout_ms = 2_000;
+    opts.redis_timeout_ms = 6_000;
+    let s = server_with(opts).await;
+    let sh = show("pool-wake");
+    let mut tokens = Vec::new();
+    for i in 0..33 {
+        tokens.push(token(&s.hold(&sh, &[&format!("W{i}")]).await));
+    }
+    // The last hold's seat is someone else's now: its confirm finds the
+    // record, and its script answers 404 without waiting for replicas.
+    let mut r = redis().await;
+    let () = r
+        .set(format!("seat-hold:{{show:{sh}}}:W32"), "someone-else")
+        .await
+        .expect("SET");
+    let confirm = |t: String| {
+        let (http, url) = (
+            s.http.clone(),
+            format!("{}/v1/shows/{sh}/holds/{t}/confirm", s.base),
+        );
+        tokio::spawn(async move {
+            let sent = std::time::Instant::now();
+            let status = http
+                .post(url)
+                .send()
+                .await
+                .map_or(0, |r| r.status().as_u16());
+            (status, sent.elapsed())
+        })
+    };
+    let mut long = Vec::new();
+    for t in &tokens[..16] {
+        long.push(confirm(t.clone()));
+    }
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    for t in &tokens[16..32] {
+        long.push(confirm(t.clone()));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, took) = confirm(tokens[32].clone()).await.expect("confirm");
+    assert_eq!(status, 404);
+    for task in long {
+        let (status, _) = task.await.expect("confirm");
+        assert_eq!(status, 503, "not replicated");
+    }
+    // The first 16 end about 0.9 s after it was sent; the second 16,
+    // about 1.9 s.
+    assert!(
+        took < Duration::from_millis(1_500),
+        "the confirm waited {took:?} for a connection"
+    );
+}
+
 #[tokio::test]
 async fn multi_show_holds_in_one_slot() {
     let _shared = common::shared().await;

@@ -64,6 +64,9 @@ enum Idle {
 struct Master {
     limit: Arc<Semaphore>,
     idle: Vec<Dedicated>,
+    /// Told when a connection goes back to `idle`: an idle connection keeps
+    /// its permit, so a request waiting for one learns of it only here.
+    returned: Arc<tokio::sync::Notify>,
 }
 
 /// Dedicated connections, per master `host:port`.
@@ -74,29 +77,41 @@ impl Pool {
     /// An idle connection to `addr`, or the permit to open one (waiting
     /// while `PER_MASTER` are open).
     async fn take(&self, addr: &str) -> Result<Idle, Error> {
-        let limit = {
-            let mut pool = self.lock();
-            let master = pool.entry(addr.to_owned()).or_insert_with(|| Master {
-                limit: Arc::new(Semaphore::new(PER_MASTER)),
-                idle: Vec::new(),
-            });
-            if let Some(mut idle) = master.idle.pop() {
-                idle.reused = true;
-                return Ok(Idle::Conn(idle));
+        loop {
+            let (limit, returned) = {
+                let mut pool = self.lock();
+                let master = pool.entry(addr.to_owned()).or_insert_with(|| Master {
+                    limit: Arc::new(Semaphore::new(PER_MASTER)),
+                    idle: Vec::new(),
+                    returned: Arc::new(tokio::sync::Notify::new()),
+                });
+                if let Some(mut idle) = master.idle.pop() {
+                    idle.reused = true;
+                    return Ok(Idle::Conn(idle));
+                }
+                (Arc::clone(&master.limit), Arc::clone(&master.returned))
+            };
+            // A permit frees only when a connection closes; one given back
+            // idle keeps its own. Waiting for the permit alone, a request
+            // waited while connections lay idle, taken by later requests,
+            // until its deadline (503) under steady confirms whose WAITs
+            // held every connection (a replica down).
+            tokio::select! {
+                permit = limit.acquire_owned() => {
+                    return permit
+                        .map(Idle::Permit)
+                        .map_err(|_| Error::Internal("the confirm pool's semaphore closed".into()));
+                }
+                () = returned.notified() => {}
             }
-            Arc::clone(&master.limit)
-        };
-        limit
-            .acquire_owned()
-            .await
-            .map(Idle::Permit)
-            .map_err(|_| Error::Internal("the confirm pool's semaphore closed".into()))
+        }
     }
 
     fn give_back(&self, addr: &str, conn: Dedicated) {
         if let Some(master) = self.lock().get_mut(addr) {
             if master.idle.len() < IDLE_PER_MASTER {
                 master.idle.push(conn);
+                master.returned.notify_one();
             }
         }
     }
