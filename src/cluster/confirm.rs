@@ -180,97 +180,134 @@ impl Cluster {
         args: impl Fn(&mut Cmd),
         wait_for: impl Fn(&T) -> Option<Wait>,
     ) -> Result<(T, i64), Error> {
-        let slot = crate::keys::slot(keys.first().map(String::as_bytes).unwrap_or_default());
         deadline
-            .run(script.name(), async {
-                let mut target = Target::Master;
-                let (mut redirects, mut waits) = (0, 0);
-                let mut fresh_retry = true;
-                loop {
-                    let (addr, asking) = match &target {
-                        Target::Master => (self.master_of_slot(slot)?, false),
-                        Target::Moved(addr) => (addr.clone(), false),
-                        Target::Ask(addr) => (addr.clone(), true),
-                    };
-                    let mut conn = self.dedicated(&addr).await?;
-                    let run = if asking {
-                        script.run_asking(&mut conn.conn, keys, &args).await
-                    } else {
-                        script.run(&mut conn.conn, keys, &args).await
-                    };
-                    let err = match run {
-                        Ok(reply) => {
-                            // The script ran, whatever becomes of its WAIT:
-                            // a WAIT that fails (the connection broke) has
-                            // seen no replica acknowledge, which the caller
-                            // answers as a WAIT that fell short, with the
-                            // reply (a sale made is counted once, here).
-                            return match self.wait(&mut conn.conn, wait_for(&reply), deadline).await
-                            {
-                                Ok(replicas) => {
-                                    self.confirm_pool.give_back(&addr, conn);
-                                    Ok((reply, replicas))
-                                }
-                                Err(err) => {
-                                    tracing::warn!(node = %addr, error = %err, "WAIT failed after the script ran");
-                                    self.confirm_pool.forget(&addr);
-                                    Ok((reply, 0))
-                                }
-                            };
-                        }
-                        Err(err) => err,
-                    };
-                    target = match (classify(&err).1, err.redirect_node()) {
-                        (Retry::Elsewhere, _) if redirects >= MAX_REDIRECTS => {
-                            return Err(err.into())
-                        }
-                        (Retry::Elsewhere, Some((to, _))) => {
-                            redirects += 1;
-                            self.mark_stale();
-                            let to = to.to_owned();
-                            if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask) {
-                                Target::Ask(to)
-                            } else {
-                                Target::Moved(to)
-                            }
-                        }
-                        (Retry::Elsewhere, None) => {
-                            // A replica's READONLY: this node was demoted.
-                            redirects += 1;
-                            self.mark_stale();
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            Target::Master
-                        }
-                        (Retry::Later, _) => {
-                            // TRYAGAIN (an importing node that lacks some of
-                            // the keys until the move ends), CLUSTERDOWN,
-                            // LOADING: the same node again, after a pause,
-                            // for as long as the deadline allows. Not a
-                            // redirect: a slot move can last longer than a
-                            // few attempts.
+            .run(
+                script.name(),
+                self.run_dedicated(deadline, script, keys, args, wait_for, Target::Master),
+            )
+            .await
+    }
+
+    /// Runs `script` on the node an `ASK` redirect named (`addr`), as
+    /// [`Cluster::eval_and_wait`] does, without a `WAIT`: `ASKING` and the
+    /// script in one pipeline on a dedicated connection, so that no other
+    /// request can use the flag up. The cluster client sends them apart on
+    /// its shared connection, where a storm of requests to a moving slot
+    /// used each other's flags, met `MOVED` back and forth, and wedged it.
+    /// For [`Cluster::eval`], within its deadline (not timed again).
+    pub(super) async fn eval_asked<T: FromRedisValue>(
+        &self,
+        deadline: &Deadline,
+        script: &Script,
+        keys: &[String],
+        args: impl Fn(&mut Cmd),
+        addr: String,
+    ) -> Result<T, Error> {
+        self.run_dedicated(
+            deadline,
+            script,
+            keys,
+            args,
+            |_: &T| None,
+            Target::Ask(addr),
+        )
+        .await
+        .map(|(reply, _)| reply)
+    }
+
+    /// The body of [`Cluster::eval_and_wait`], from `target`.
+    async fn run_dedicated<T: FromRedisValue>(
+        &self,
+        deadline: &Deadline,
+        script: &Script,
+        keys: &[String],
+        args: impl Fn(&mut Cmd),
+        wait_for: impl Fn(&T) -> Option<Wait>,
+        mut target: Target,
+    ) -> Result<(T, i64), Error> {
+        let slot = crate::keys::slot(keys.first().map(String::as_bytes).unwrap_or_default());
+        let (mut redirects, mut waits) = (0, 0);
+        let mut fresh_retry = true;
+        loop {
+            let (addr, asking) = match &target {
+                Target::Master => (self.master_of_slot(slot)?, false),
+                Target::Moved(addr) => (addr.clone(), false),
+                Target::Ask(addr) => (addr.clone(), true),
+            };
+            let mut conn = self.dedicated(&addr).await?;
+            let run = if asking {
+                script.run_asking(&mut conn.conn, keys, &args).await
+            } else {
+                script.run(&mut conn.conn, keys, &args).await
+            };
+            let err = match run {
+                Ok(reply) => {
+                    // The script ran, whatever becomes of its WAIT:
+                    // a WAIT that fails (the connection broke) has
+                    // seen no replica acknowledge, which the caller
+                    // answers as a WAIT that fell short, with the
+                    // reply (a sale made is counted once, here).
+                    return match self.wait(&mut conn.conn, wait_for(&reply), deadline).await {
+                        Ok(replicas) => {
                             self.confirm_pool.give_back(&addr, conn);
-                            waits += 1;
-                            tokio::time::sleep(later_pause(waits)).await;
-                            target
+                            Ok((reply, replicas))
                         }
-                        (Retry::Reconnect, _) if conn.reused && fresh_retry => {
-                            // An idle connection the server had closed: once
-                            // more on a new one. Safe even if the script ran:
-                            // confirm.lua answers a repeat as its first run,
-                            // and rewrites the sale so the WAIT counts it.
-                            fresh_retry = false;
+                        Err(err) => {
+                            tracing::warn!(node = %addr, error = %err, "WAIT failed after the script ran");
                             self.confirm_pool.forget(&addr);
-                            target
-                        }
-                        (Retry::Reconnect | Retry::No, _) => {
-                            self.confirm_pool.forget(&addr);
-                            self.mark_stale();
-                            return Err(err.into());
+                            Ok((reply, 0))
                         }
                     };
                 }
-            })
-            .await
+                Err(err) => err,
+            };
+            target = match (classify(&err).1, err.redirect_node()) {
+                (Retry::Elsewhere, _) if redirects >= MAX_REDIRECTS => return Err(err.into()),
+                (Retry::Elsewhere, Some((to, _))) => {
+                    redirects += 1;
+                    self.mark_stale();
+                    let to = to.to_owned();
+                    if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask) {
+                        Target::Ask(to)
+                    } else {
+                        Target::Moved(to)
+                    }
+                }
+                (Retry::Elsewhere, None) => {
+                    // A replica's READONLY: this node was demoted.
+                    redirects += 1;
+                    self.mark_stale();
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Target::Master
+                }
+                (Retry::Later, _) => {
+                    // TRYAGAIN (an importing node that lacks some of
+                    // the keys until the move ends), CLUSTERDOWN,
+                    // LOADING: the same node again, after a pause,
+                    // for as long as the deadline allows. Not a
+                    // redirect: a slot move can last longer than a
+                    // few attempts.
+                    self.confirm_pool.give_back(&addr, conn);
+                    waits += 1;
+                    tokio::time::sleep(later_pause(waits)).await;
+                    target
+                }
+                (Retry::Reconnect, _) if conn.reused && fresh_retry => {
+                    // An idle connection the server had closed: once
+                    // more on a new one. Safe even if the script ran:
+                    // confirm.lua answers a repeat as its first run,
+                    // and rewrites the sale so the WAIT counts it.
+                    fresh_retry = false;
+                    self.confirm_pool.forget(&addr);
+                    target
+                }
+                (Retry::Reconnect | Retry::No, _) => {
+                    self.confirm_pool.forget(&addr);
+                    self.mark_stale();
+                    return Err(err.into());
+                }
+            };
+        }
     }
 
     /// `WAIT` for `wait`'s replicas on `conn`; 0 without a wait. It waits

@@ -9,9 +9,11 @@
 //! channel hop and a task wake-up per request). The scripts queued for one
 //! master at about the same time go to it in one write (`batch`). Whenever
 //! the direct path cannot answer (no connection to that master yet, `MOVED`,
-//! `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, a replica's `READONLY`, a broken
-//! connection), the request goes over the cluster connection instead, which
-//! follows redirects and reconnects, and the slot map is refreshed.
+//! `TRYAGAIN`, `CLUSTERDOWN`, a replica's `READONLY`, a broken connection),
+//! the request goes over the cluster connection instead, which follows
+//! redirects and reconnects, and the slot map is refreshed. An `ASK` (the
+//! slot is moving) is followed on a dedicated connection to the node it
+//! names, `ASKING` and the script in one pipeline.
 //!
 //! The cluster connection is made in the background, and made anew when
 //! probes time out on it twice in a row (see [`Cluster::check_once`]), so
@@ -284,6 +286,15 @@ impl Cluster {
                             tracing::debug!(%addr, error = %err, "direct path failed; using the cluster connection");
                             metrics::counter!(m::DIRECT_FALLBACKS).increment(1);
                             self.direct_failed(&addr, &conn, &err);
+                            // The slot is moving: the node it names runs the
+                            // script after ASKING on a dedicated connection
+                            // (see `eval_asked`), not the cluster client.
+                            if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask) {
+                                if let Some((to, _)) = err.redirect_node() {
+                                    let to = to.to_owned();
+                                    return self.eval_asked(deadline, script, keys, &args, to).await;
+                                }
+                            }
                         }
                     }
                 }
