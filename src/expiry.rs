@@ -127,6 +127,11 @@ impl<'a> Flag<'a> {
         metrics::gauge!(self.gauge).set(value);
     }
 
+    /// Whether this master is marked.
+    fn get(&self) -> bool {
+        self.set.load(Ordering::Relaxed)
+    }
+
     fn set(&self, on: bool) {
         let _one_at_a_time = publishing();
         if self.set.swap(on, Ordering::Relaxed) != on {
@@ -163,11 +168,21 @@ async fn subscribe(shared: Arc<Shared>, addr: String) {
     let subscribed = Flag::new(&shared.subscribed, m::EXPIRY_SUBSCRIPTIONS, false);
     let disabled = Flag::new(&shared.disabled, m::KEYSPACE_EVENTS_ENABLED, true);
     let timeout = shared.cluster.timeout();
-    let mut backoff = Duration::from_millis(100);
+    let first = Duration::from_millis(100);
+    let mut backoff = first;
     loop {
+        let started = std::time::Instant::now();
         match session(&shared, &addr, &subscribed, &disabled, timeout).await {
             Ok(()) => tracing::warn!(%addr, "expiry event stream ended; resubscribing"),
             Err(err) => tracing::warn!(%addr, error = %err, "expiry subscription failed; retrying"),
+        }
+        // The pause grows while attempts fail in a row, not over the
+        // process's life: a subscription that was up for a while (the
+        // master restarted, a proxy cut it) is made again at once. Before,
+        // from the fifth end on, every resubscription waited 2 s, with the
+        // master's notifications and hand-overs unheard meanwhile.
+        if subscribed.get() && started.elapsed() >= Duration::from_secs(1) {
+            backoff = first;
         }
         subscribed.set(false);
         metrics::counter!(m::EXPIRY_RESUBSCRIPTIONS).increment(1);

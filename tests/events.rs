@@ -1337,6 +1337,66 @@ async fn forty_expiries(tag: &str, instances: usize) -> (BTreeMap<String, u64>, 
     (calls, written().await)
 }
 
+/// An instance whose expiry subscription to a master ends after it worked
+/// for a while (a master restart, a proxy's idle cut, `CLIENT KILL`)
+/// subscribes again at once, however many times that happened before: the
+/// pause between attempts grows only while attempts fail in a row. Before,
+/// it never shrank again, and from the fifth such end on every master's
+/// expiry notifications and hand-overs went unheard for 2 s each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiry_subscription_that_worked_comes_back_at_once() {
+    let _alone = common::exclusive().await;
+    let d = Daemon::start(&[]).await;
+    let master = common::master_ports().await[0];
+    let subscribed = || async { metric(&d, "seathold_expiry_subscriptions").await };
+    eventually(Duration::from_secs(10), "3 subscriptions", || async {
+        subscribed().await == 3.0
+    })
+    .await;
+    let mut took = Vec::new();
+    for _ in 0..7 {
+        // Up for a while before it ends.
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        let ours = common::local_ports(d.pid());
+        let pubsub: Vec<String> = common::client_list(master)
+            .await
+            .into_iter()
+            .filter(|c| c.get("flags").is_some_and(|f| f.contains('P')))
+            .filter(|c| {
+                c.get("addr")
+                    .and_then(|a| a.rsplit(':').next())
+                    .and_then(|p| p.parse::<u16>().ok())
+                    .is_some_and(|p| ours.contains(&p))
+            })
+            .map(|c| c["id"].clone())
+            .collect();
+        assert_eq!(pubsub.len(), 1, "the daemon's subscription on {master}");
+        let killed: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(&pubsub[0])
+            .query_async(&mut common::node(master).await)
+            .await
+            .expect("CLIENT KILL");
+        assert_eq!(killed, 1);
+        let ended = Instant::now();
+        eventually(Duration::from_secs(5), "the subscription ended", || async {
+            subscribed().await < 3.0
+        })
+        .await;
+        eventually(Duration::from_secs(10), "subscribed again", || async {
+            subscribed().await == 3.0
+        })
+        .await;
+        took.push(ended.elapsed());
+    }
+    eprintln!("resubscribed after {took:?}");
+    assert!(
+        took.iter().all(|t| *t < Duration::from_millis(1_000)),
+        "{took:?}"
+    );
+}
+
 /// With `--events off` no script writes a record of an expiry, and every
 /// instance hears every expiry from Redis: the instance that claims it
 /// counts it. Two instances, 20 holds of 1 s on 20 shows: their

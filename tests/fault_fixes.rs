@@ -588,14 +588,7 @@ async fn confirms_follow_a_slot_that_moves() {
     let _exclusive = LOCK.write().await;
     let s = server().await;
     s.wait_metric(DIRECT, 3.0, Duration::from_secs(5)).await;
-    let sh = show("moving");
-    let slot = slot_of(&sh);
-    let from = cluster().master_port_for_slot(slot).await.expect("master");
-    let to = master_ports()
-        .await
-        .into_iter()
-        .find(|p| *p != from)
-        .expect("another master");
+    let (sh, slot, from, to) = show_to_move("moving").await;
     let a = s.hold(&sh, &["A1", "A2"]).await;
     let b = s.hold(&sh, &["B1"]).await;
     let confirm_path = |hold: &serde_json::Value| {
@@ -685,14 +678,7 @@ async fn a_storm_of_asks_leaves_the_daemon_ready() {
     let _exclusive = LOCK.write().await;
     let s = server().await;
     s.wait_metric(DIRECT, 3.0, Duration::from_secs(5)).await;
-    let sh = show("ask-storm");
-    let slot = slot_of(&sh);
-    let from = cluster().master_port_for_slot(slot).await.expect("master");
-    let to = master_ports()
-        .await
-        .into_iter()
-        .find(|p| *p != from)
-        .expect("another master");
+    let (sh, slot, from, to) = show_to_move("ask-storm").await;
     let moved_errors = |port: u16| async move {
         let info: String = redis::cmd("INFO")
             .arg("errorstats")
@@ -745,6 +731,20 @@ async fn a_storm_of_asks_leaves_the_daemon_ready() {
         .expect("cluster healthy");
 }
 
+/// A new show id with `tag`, its slot, the master that serves it and
+/// another master to move it to.
+async fn show_to_move(tag: &str) -> (String, u16, u16, u16) {
+    let sh = show(tag);
+    let slot = slot_of(&sh);
+    let from = cluster().master_port_for_slot(slot).await.expect("master");
+    let to = master_ports()
+        .await
+        .into_iter()
+        .find(|p| *p != from)
+        .expect("another master");
+    (sh, slot, from, to)
+}
+
 /// Fault 8, the confirm's own retry loop. The confirm's read-only lookup
 /// passes while the old master is paused for writes (`CLIENT PAUSE WRITE`
 /// holds only the sale script, queued on its dedicated connection); the
@@ -760,14 +760,7 @@ async fn a_confirm_meeting_tryagain_is_retried_within_its_deadline() {
     let _exclusive = LOCK.write().await;
     let s = server().await;
     s.wait_metric(DIRECT, 3.0, Duration::from_secs(5)).await;
-    let sh = show("asked");
-    let slot = slot_of(&sh);
-    let from = cluster().master_port_for_slot(slot).await.expect("master");
-    let to = master_ports()
-        .await
-        .into_iter()
-        .find(|p| *p != from)
-        .expect("another master");
+    let (sh, slot, from, to) = show_to_move("asked").await;
     let hold = s.hold(&sh, &["A1", "A2"]).await;
     let url = format!(
         "{}/v1/shows/{sh}/holds/{}/confirm",
