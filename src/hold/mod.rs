@@ -55,8 +55,14 @@ pub struct Limits {
 }
 
 /// How long the daemon's own idempotency record of a change is kept: long
-/// enough for any resend of its script within one request's deadline.
-const INTERNAL_IDEMPOTENCY_TTL_MS: u64 = 60_000;
+/// enough for any resend of its script within one request's deadline
+/// (`timeout`, `--redis-timeout-ms`), and a minute at least. A fixed minute
+/// was too short for a timeout of a minute or more: a resend could miss the
+/// first run's record and change the hold again.
+fn own_record_ttl_ms(timeout: std::time::Duration) -> u64 {
+    let timeout = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    timeout.saturating_mul(2).max(60_000)
+}
 
 /// The idempotency key a change's script runs under (release, extend,
 /// modify): the client's, or without one a key of the daemon's own. The
@@ -232,7 +238,7 @@ impl Service {
             },
             None => RunKey {
                 idem: std::borrow::Cow::Owned(Idem::internal()),
-                ttl_ms: INTERNAL_IDEMPOTENCY_TTL_MS,
+                ttl_ms: own_record_ttl_ms(self.cluster.timeout()),
                 own: true,
             },
         }
@@ -301,4 +307,16 @@ impl Service {
 
 fn count(name: &'static str, by: u64) {
     m::hot::count(name, &[], by);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn own_records_outlive_a_requests_deadline() {
+        assert_eq!(super::own_record_ttl_ms(Duration::from_secs(2)), 60_000);
+        assert_eq!(super::own_record_ttl_ms(Duration::from_secs(90)), 180_000);
+        assert_eq!(super::own_record_ttl_ms(Duration::MAX), u64::MAX);
+    }
 }
