@@ -242,13 +242,13 @@ async fn hold(
         .await?;
     let mut resp = answer(StatusCode::CREATED, &hold);
     // Where the hold is read, released, extended: ids and tokens need no
-    // escaping in a path.
+    // escaping in a path. The string becomes the header's bytes, uncopied.
     let at = format!(
         "/v1/shows/{}/holds/{}",
         hold.value.show,
         hold.value.hold_token.as_str()
     );
-    if let Ok(at) = HeaderValue::from_str(&at) {
+    if let Ok(at) = HeaderValue::try_from(at) {
         resp.headers_mut().insert(hyper::header::LOCATION, at);
     }
     Ok(resp)
