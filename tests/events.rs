@@ -1357,17 +1357,10 @@ async fn an_expiry_subscription_that_worked_comes_back_at_once() {
     for _ in 0..7 {
         // Up for a while before it ends.
         tokio::time::sleep(Duration::from_millis(1_200)).await;
-        let ours = common::local_ports(d.pid());
-        let pubsub: Vec<String> = common::client_list(master)
+        let pubsub: Vec<String> = common::clients_of(d.pid(), master)
             .await
             .into_iter()
             .filter(|c| c.get("flags").is_some_and(|f| f.contains('P')))
-            .filter(|c| {
-                c.get("addr")
-                    .and_then(|a| a.rsplit(':').next())
-                    .and_then(|p| p.parse::<u16>().ok())
-                    .is_some_and(|p| ours.contains(&p))
-            })
             .map(|c| c["id"].clone())
             .collect();
         assert_eq!(pubsub.len(), 1, "the daemon's subscription on {master}");
@@ -2618,21 +2611,9 @@ async fn a_thousand_subscribers_share_one_reader() {
 
     // The daemon's connections on the slot's master: exactly one reads the
     // stream, and it blocks there.
-    let ports = common::local_ports(d.pid());
-    let mine = |list: &[BTreeMap<String, String>]| -> Vec<BTreeMap<String, String>> {
-        list.iter()
-            .filter(|c| {
-                c.get("addr")
-                    .and_then(|a| a.rsplit(':').next())
-                    .and_then(|p| p.parse::<u16>().ok())
-                    .is_some_and(|p| ports.contains(&p))
-            })
-            .cloned()
-            .collect()
-    };
     let mut blocked = false;
     for _ in 0..50 {
-        let conns = mine(&common::client_list(master).await);
+        let conns = common::clients_of(d.pid(), master).await;
         assert!(!conns.is_empty(), "no connection of the daemon on {master}");
         let readers: Vec<_> = conns
             .iter()

@@ -2897,14 +2897,10 @@ async fn a_confirm_whose_wait_breaks_is_counted_and_not_replicated() {
         // the client's port in CLIENT LIST): no other test's.
         let limit = Instant::now() + Duration::from_secs(2);
         loop {
-            let ours = common::local_ports(d.pid());
-            let waiting = common::client_list(master).await.into_iter().find(|c| {
-                c.get("cmd").map(String::as_str) == Some("wait")
-                    && c.get("addr")
-                        .and_then(|a| a.rsplit(':').next())
-                        .and_then(|p| p.parse::<u16>().ok())
-                        .is_some_and(|p| ours.contains(&p))
-            });
+            let waiting = common::clients_of(d.pid(), master)
+                .await
+                .into_iter()
+                .find(|c| c.get("cmd").map(String::as_str) == Some("wait"));
             if let Some(c) = waiting {
                 let killed: i64 = redis::cmd("CLIENT")
                     .arg("KILL")

@@ -463,6 +463,23 @@ pub async fn client_list(port: u16) -> Vec<BTreeMap<String, String>> {
         .collect()
 }
 
+/// The connections of process `pid` (a daemon the test started) among
+/// `CLIENT LIST` of the node at `port`: a client's port there is a local
+/// port of the process. No other test's.
+pub async fn clients_of(pid: u32, port: u16) -> Vec<BTreeMap<String, String>> {
+    let ours = local_ports(pid);
+    client_list(port)
+        .await
+        .into_iter()
+        .filter(|c| {
+            c.get("addr")
+                .and_then(|a| a.rsplit(':').next())
+                .and_then(|p| p.parse::<u16>().ok())
+                .is_some_and(|p| ours.contains(&p))
+        })
+        .collect()
+}
+
 /// `CLIENT PAUSE ms mode` on the node at `port` (`WRITE`: scripts and
 /// writes wait, reads go on; `ALL`: everything waits).
 pub async fn pause_clients(port: u16, ms: u64, mode: &str) {
