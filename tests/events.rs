@@ -1176,7 +1176,7 @@ async fn show_readers_stop_with_the_server() {
             common::client_list(master)
                 .await
                 .into_iter()
-                .filter(|c| c.get("cmd").map(String::as_str) == Some("xread"))
+                .filter(common::reads_a_stream)
                 .filter_map(|c| c.get("id").cloned())
                 .collect::<HashSet<String>>()
         };
@@ -2615,16 +2615,15 @@ async fn a_thousand_subscribers_share_one_reader() {
     for _ in 0..50 {
         let conns = common::clients_of(d.pid(), master).await;
         assert!(!conns.is_empty(), "no connection of the daemon on {master}");
-        let readers: Vec<_> = conns
-            .iter()
-            .filter(|c| c.get("cmd").map(String::as_str) == Some("xread"))
-            .collect();
+        let readers: Vec<_> = conns.iter().filter(|c| common::reads_a_stream(c)).collect();
         assert_eq!(
             readers.len(),
             1,
-            "XREAD connections of the daemon: {readers:?}"
+            "stream-reading connections of the daemon: {readers:?}"
         );
-        if readers[0].get("flags").is_some_and(|f| f.contains('b')) {
+        if readers[0].get("cmd").map(String::as_str) == Some("xread")
+            && readers[0].get("flags").is_some_and(|f| f.contains('b'))
+        {
             blocked = true;
             break;
         }

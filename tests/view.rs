@@ -1162,7 +1162,7 @@ async fn a_reader_that_reconnected_forgets_what_it_learned() {
     let clients = common::client_list(master).await;
     let readers: Vec<&String> = clients
         .iter()
-        .filter(|c| c.get("cmd").is_some_and(|cmd| cmd == "xread"))
+        .filter(|c| common::reads_a_stream(c))
         .filter_map(|c| c.get("id"))
         .collect();
     assert!(!readers.is_empty(), "no reader on the master: {clients:?}");

@@ -480,6 +480,17 @@ pub async fn clients_of(pid: u32, port: u16) -> Vec<BTreeMap<String, String>> {
         .collect()
 }
 
+/// Whether a `CLIENT LIST` entry is a show's event reader. A reader
+/// pipelines `XREAD BLOCK` with `XRANGE` (a check of the stream's head):
+/// between two blocks its last command is `xrange`, for as long as the
+/// daemon takes to handle one reply and send the next (about 7% of the
+/// time with the default 83 ms block, under a thousand subscribers).
+pub fn reads_a_stream(client: &BTreeMap<String, String>) -> bool {
+    client
+        .get("cmd")
+        .is_some_and(|cmd| cmd == "xread" || cmd == "xrange")
+}
+
 /// `CLIENT PAUSE ms mode` on the node at `port` (`WRITE`: scripts and
 /// writes wait, reads go on; `ALL`: everything waits).
 pub async fn pause_clients(port: u16, ms: u64, mode: &str) {
