@@ -259,7 +259,8 @@ async fn coupon_sale(extra: &[&str]) {
 
     let started = Instant::now();
     let granted = flash_sale(&apis, &sh, 5_000, SALE_TTL_MS).await;
-    let took = started.elapsed();
+    let sold_out = Instant::now();
+    let took = sold_out - started;
     eprintln!("coupon sale ({extra:?}): 5,000 holds answered in {took:?}");
     assert!(
         took < Duration::from_millis(SALE_TTL_MS),
@@ -270,13 +271,12 @@ async fn coupon_sale(extra: &[&str]) {
     let distinct: std::collections::HashSet<&String> = granted.iter().collect();
     assert_eq!(distinct.len(), 100);
 
-    // Every hold was granted after `started`: half a second past its TTL
-    // each has expired on Redis's clock. Nothing has touched the pool
-    // since (no sweep, no notification: its hash still says 100 held), and
-    // the next hold's script gives the units back itself: all 100 can be
-    // held at once.
-    tokio::time::sleep(Duration::from_millis(SALE_TTL_MS + 500).saturating_sub(started.elapsed()))
-        .await;
+    // Every hold was granted before `sold_out`: half a second past its TTL
+    // after that, each has expired on Redis's clock. Nothing has touched
+    // the pool since (no sweep, no notification: its hash still says 100
+    // held), and the next hold's script gives the units back itself: all
+    // 100 can be held at once.
+    tokio::time::sleep_until((sold_out + Duration::from_millis(SALE_TTL_MS + 500)).into()).await;
     let raw_held: i64 = redis()
         .await
         .hget(format!("seat-hold:{{show:{sh}}}#pool:coupons"), "held")
@@ -347,6 +347,9 @@ async fn coupon_flash_sale_with_events_off_then_confirm_sixty() {
     let started = Instant::now();
     let ttl = SALE_TTL_MS;
     let granted = flash_sale(&apis, &sh, 5_000, ttl).await;
+    // Every hold was granted by now: half a second past its TTL after
+    // this, each unconfirmed one has expired on Redis's clock.
+    let sold_out = Instant::now();
     let confirmed = bounded(granted.iter().take(60).enumerate(), 30, |(i, t)| {
         let api = apis[i % 2].clone();
         let path = format!("/v1/shows/{sh}/holds/{t}/confirm");
@@ -363,8 +366,7 @@ async fn coupon_flash_sale_with_events_off_then_confirm_sixty() {
         started.elapsed()
     );
     assert_eq!(apis[0].pool(&sh, "coupons").await, (100, 40, 60, 0));
-    let left = Duration::from_millis(ttl + 500).saturating_sub(started.elapsed());
-    tokio::time::sleep(left).await;
+    tokio::time::sleep_until((sold_out + Duration::from_millis(ttl + 500)).into()).await;
     assert_eq!(apis[1].pool(&sh, "coupons").await, (100, 0, 60, 40));
     // Confirmed holds are sales; the rest are gone.
     let (status, body) = apis[0]
