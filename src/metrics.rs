@@ -346,19 +346,21 @@ pub fn register_zeroes() {
         // Registered without a sample: the exporter renders zero counts.
         let _ = metrics::histogram!(REDIS_DURATION, "op" => script.name());
     }
-    for gauge in [
-        CLUSTER_READY,
-        HTTP_IN_FLIGHT,
-        HTTP_CONNECTIONS,
-        DIRECT_CONNECTIONS,
-        MASTERS,
-        EXPIRY_SUBSCRIPTIONS,
-    ] {
+    // Set whole by the probe and the direct connections.
+    for gauge in [CLUSTER_READY, DIRECT_CONNECTIONS, MASTERS] {
         metrics::gauge!(gauge).set(0.0);
     }
     // Registered, not reset: a second server in one process (tests) must
-    // not zero the first one's subscribers.
-    for gauge in [EVENT_SUBSCRIBERS, EVENT_READERS, SWEPT_SHOWS] {
+    // not zero what the first one counts (the up-and-down counts never
+    // come back from a reset).
+    for gauge in [
+        HTTP_IN_FLIGHT,
+        HTTP_CONNECTIONS,
+        EXPIRY_SUBSCRIPTIONS,
+        EVENT_SUBSCRIBERS,
+        EVENT_READERS,
+        SWEPT_SHOWS,
+    ] {
         metrics::gauge!(gauge).increment(0.0);
     }
     // 1 until a master is found without expired-key events (see expiry.rs);
@@ -532,6 +534,38 @@ mod tests {
             "seathold_test_hot_seconds_count{route=\"/x\",status=\"201\"} 3",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+    }
+
+    /// A second server in one process (tests run several) keeps what the
+    /// first one counted up: its start set `seathold_expiry_subscriptions`
+    /// and the HTTP gauges to 0 process-wide, the first server's
+    /// subscriptions then read 0 for good, and a test waiting for its 3
+    /// (tests/tls.rs, beside tests starting servers of their own) waited in
+    /// vain.
+    #[test]
+    fn a_second_servers_start_keeps_the_counted_gauges() {
+        let handle = super::install();
+        let counted = [
+            super::EXPIRY_SUBSCRIPTIONS,
+            super::HTTP_CONNECTIONS,
+            super::HTTP_IN_FLIGHT,
+            super::EVENT_SUBSCRIBERS,
+        ];
+        for gauge in counted {
+            hot::gauge_add(gauge, 3.0);
+        }
+        let value = |text: &str, gauge: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(gauge)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("{gauge} in\n{text}"))
+        };
+        let before = handle.render();
+        super::register_zeroes();
+        let after = handle.render();
+        for gauge in counted {
+            assert!(value(&before, gauge) >= 3.0, "{gauge} in\n{before}");
+            assert_eq!(value(&after, gauge), value(&before, gauge), "{gauge}");
         }
     }
 }
