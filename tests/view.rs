@@ -774,13 +774,13 @@ async fn a_view_whose_reader_is_not_current_answers_nothing() {
     let paused = Instant::now();
     tokio::time::sleep(Duration::from_millis(LAG_MS + 250)).await;
     let (c0, r0) = (answers(&a, "conflict").await, answers(&a, "read").await);
-    let reads = async {
-        let mut out = Vec::new();
-        for seat in &seats {
-            out.push(a.get(&format!("/v1/shows/{sh}/seats/{seat}")).await);
-        }
-        out
-    };
+    // All sent at once: one after another, only the first went out during
+    // the pause, and a later one could meet the view current again.
+    let paths: Vec<String> = seats
+        .iter()
+        .map(|seat| format!("/v1/shows/{sh}/seats/{seat}"))
+        .collect();
+    let reads = futures_util::future::join_all(paths.iter().map(|path| a.get(path)));
     let (result, reads) = tokio::join!(storm(&a, &sh, &seats, 20, 20), reads);
     let (c1, r1) = (answers(&a, "conflict").await, answers(&a, "read").await);
     for a in &result {
