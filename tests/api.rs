@@ -1602,6 +1602,7 @@ async fn an_extended_hold_outlives_its_first_ttl_whole() {
 /// four-seat holds differed by a millisecond without any skew).
 #[tokio::test]
 async fn seats_record_and_deadline_of_a_hold_end_together() {
+    let _shared = common::shared().await;
     let s = server().await;
     let mut r = redis().await;
     let ks = seathold::keys::KeySpace::new("seat-hold:");
@@ -1678,6 +1679,7 @@ async fn seats_record_and_deadline_of_a_hold_end_together() {
 /// the events showed E2 free while it was held.
 #[tokio::test]
 async fn a_released_event_names_only_the_seats_given_back() {
+    let _shared = common::shared().await;
     let s = server().await;
     let mut r = redis().await;
     let ks = seathold::keys::KeySpace::new("seat-hold:");

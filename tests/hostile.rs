@@ -72,6 +72,9 @@ async fn past_the_in_flight_limit_requests_get_a_clean_503() {
     opts.max_in_flight = 2;
     opts.header_read_timeout_ms = 3_000;
     opts.body_read_timeout_ms = 3_000;
+    // The holds waiting out the 1.5 s pause (which Redis may lift a tick
+    // late) answer 201 well within their Redis deadline.
+    opts.redis_timeout_ms = 4_000;
     let s = server_with(opts).await;
     // Bodies that are still coming hold no request slot: they are read
     // before a request is admitted.
@@ -237,8 +240,8 @@ async fn past_the_connection_limit_a_new_connection_gets_503_and_is_closed() {
     opts.max_connections = 3;
     let s = server_with(opts).await;
     // server_with's readiness probe keeps no connection; give the server a
-    // moment to see the last one closed.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // moment (on a busy machine, more than one) to see the last one closed.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
     let mut held = Vec::new();
     for _ in 0..6 {
         let mut c = TcpStream::connect(s.addr).await.expect("connect");

@@ -232,6 +232,7 @@ async fn concurrent_scripts_share_writes_and_keep_their_own_answers() {
 /// straight to the master of the slot, from the daemon's own slot map) work.
 #[tokio::test]
 async fn seeds_named_otherwise_than_the_cluster_names_its_nodes_are_served() {
+    let _shared = common::shared().await;
     let by_name: Vec<String> = cluster()
         .seed_urls()
         .iter()
