@@ -92,7 +92,9 @@ async fn mixed_load_keeps_memory_flat_and_answers_only_successes_and_conflicts()
                 let mut seats_unique = seats.clone();
                 seats_unique.sort();
                 seats_unique.dedup();
-                let ttl_ms = rng.random_range(500..4000);
+                // Long enough for the follow-up (extend, confirm, release)
+                // of a stalled worker to find its hold.
+                let ttl_ms = rng.random_range(1500..4000);
                 let r = http
                     .post(format!("{base}/v1/shows/{sh}/holds"))
                     .json(&json!({"seats": seats_unique, "ttlMs": ttl_ms}))
