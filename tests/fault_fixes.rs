@@ -768,6 +768,8 @@ async fn a_confirm_meeting_tryagain_is_retried_within_its_deadline() {
         hold["holdToken"].as_str().expect("token")
     );
     let errors = series_sum(&s.metrics().await, ERRORS);
+    // Its nodes' ids looked up now: the move starts within the pause.
+    let mv = SlotMove::new(slot, from, to).await;
 
     common::pause_clients(from, 400, "WRITE").await;
     let paused = Instant::now();
@@ -782,7 +784,7 @@ async fn a_confirm_meeting_tryagain_is_retried_within_its_deadline() {
         )
     });
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let mv = SlotMove::begin(slot, from, to).await;
+    mv.start().await;
     assert!(
         paused.elapsed() < Duration::from_millis(400),
         "still paused"

@@ -865,25 +865,40 @@ pub struct SlotMove {
     pub slot: u16,
     pub from: u16,
     pub to: u16,
+    from_id: String,
     to_id: String,
 }
 
 impl SlotMove {
+    /// A move of `slot` from the master at `from` to the one at `to`,
+    /// started.
     pub async fn begin(slot: u16, from: u16, to: u16) -> Self {
-        let (from_id, to_id) = (node_id(from).await, node_id(to).await);
-        let s = slot.to_string();
-        cluster_cmd::<()>(to, &["SETSLOT", &s, "IMPORTING", &from_id])
-            .await
-            .expect("SETSLOT IMPORTING");
-        cluster_cmd::<()>(from, &["SETSLOT", &s, "MIGRATING", &to_id])
-            .await
-            .expect("SETSLOT MIGRATING");
+        let mv = Self::new(slot, from, to).await;
+        mv.start().await;
+        mv
+    }
+
+    /// A move, with the nodes' ids looked up, not started yet: for a test
+    /// that must start it within a short window.
+    pub async fn new(slot: u16, from: u16, to: u16) -> Self {
         Self {
             slot,
             from,
             to,
-            to_id,
+            from_id: node_id(from).await,
+            to_id: node_id(to).await,
         }
+    }
+
+    /// IMPORTING on the target, then MIGRATING on the source.
+    pub async fn start(&self) {
+        let s = self.slot.to_string();
+        cluster_cmd::<()>(self.to, &["SETSLOT", &s, "IMPORTING", &self.from_id])
+            .await
+            .expect("SETSLOT IMPORTING");
+        cluster_cmd::<()>(self.from, &["SETSLOT", &s, "MIGRATING", &self.to_id])
+            .await
+            .expect("SETSLOT MIGRATING");
     }
 
     /// Migrates every key of the slot from the source to the target;
