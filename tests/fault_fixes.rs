@@ -993,6 +993,7 @@ async fn keep_alive_clients_lose_no_request_at_shutdown() {
             let (mut answered, mut after_signal, mut connections) = (0u32, 0u32, 0u32);
             let mut conn: Option<tokio::net::TcpStream> = None;
             for i in 0.. {
+                let fresh = conn.is_none();
                 let c = match &mut conn {
                     Some(c) => c,
                     None => match tokio::net::TcpStream::connect(&addr).await {
@@ -1009,11 +1010,23 @@ async fn keep_alive_clients_lose_no_request_at_shutdown() {
                      content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
                     body.len()
                 );
-                if c.write_all(request.as_bytes()).await.is_err() {
-                    panic!("worker {w}: the connection broke under hold W{w}-{i}");
-                }
-                let Some((head, _)) = try_read_response(c).await else {
-                    panic!("worker {w}: hold W{w}-{i} sent and never answered (connection {connections})");
+                let answer = match c.write_all(request.as_bytes()).await {
+                    Ok(()) => try_read_response(c).await,
+                    Err(_) => None,
+                };
+                let Some((head, _)) = answer else {
+                    // A connection the kernel accepted after the daemon's
+                    // last accept is reset as the listener closes (no
+                    // server can help that): the first request on a new
+                    // connection, no byte of an answer, and the daemon
+                    // gone for the next connect. Nothing reached it.
+                    let closed = signalled.load(std::sync::atomic::Ordering::Relaxed)
+                        && tokio::net::TcpStream::connect(&addr).await.is_err();
+                    assert!(
+                        fresh && closed,
+                        "worker {w}: hold W{w}-{i} sent and never answered (connection {connections})"
+                    );
+                    break;
                 };
                 assert!(head.starts_with("http/1.1 201"), "hold W{w}-{i}: {head}");
                 answered += 1;
