@@ -2544,7 +2544,20 @@ async fn a_change_racing_a_patch_acts_on_the_hold_as_patched() {
                 .as_u16()
             })
         };
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The change goes once the PATCH's script waits on the paused master
+        // (a blocked client running a script): its script runs first.
+        common::eventually(
+            Duration::from_secs(1),
+            "the PATCH's script waiting on the paused master",
+            || async {
+                common::client_list(master).await.iter().any(|c| {
+                    c.get("cmd")
+                        .is_some_and(|cmd| cmd == "evalsha" || cmd == "eval")
+                        && c.get("flags").is_some_and(|f| f.contains('b'))
+                })
+            },
+        )
+        .await;
         let change = match op {
             "confirm" => {
                 send(
