@@ -183,6 +183,26 @@ fn assert_refusals(answers: &[Answer], pttls: &std::collections::HashMap<String,
     }
 }
 
+/// Runs `round` until it answers `Ok`, at most 3 times. The view answers
+/// while its reader is current, which it is but for moments (a reply
+/// handled late on a busy machine): a storm may meet one, and what it
+/// sends to Redis meanwhile is not the view's. Every round asserts its
+/// answers; a view that never answers fails all three.
+async fn in_3_rounds<F, Fut>(mut round: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let mut failed = Vec::new();
+    for _ in 0..3 {
+        match round().await {
+            Ok(()) => return,
+            Err(why) => failed.push(why),
+        }
+    }
+    panic!("in 3 rounds: {failed:#?}");
+}
+
 /// 1. A conflict storm: 500 single-seat holds (20 in flight) of 10 held
 ///    seats, once the view is current, are all the 409 Redis would give,
 ///    and at least 90% of them reach no Redis node: the view's conflict
@@ -210,27 +230,33 @@ async fn a_conflict_storm_is_answered_without_redis() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let background = (evalsha(master).await - q0) as f64 / quiet.elapsed().as_secs_f64();
 
-    let (c0, e0, started) = (
-        answers(&a, "conflict").await,
-        evalsha(master).await,
-        Instant::now(),
-    );
-    let result = storm(&a, &sh, &seats, 500, 20).await;
-    let took = started.elapsed().as_secs_f64();
-    let (c1, e1) = (answers(&a, "conflict").await, evalsha(master).await);
+    in_3_rounds(|| async {
+        let (c0, e0, started) = (
+            answers(&a, "conflict").await,
+            evalsha(master).await,
+            Instant::now(),
+        );
+        let result = storm(&a, &sh, &seats, 500, 20).await;
+        let took = started.elapsed().as_secs_f64();
+        let (c1, e1) = (answers(&a, "conflict").await, evalsha(master).await);
 
-    assert_refusals(&result, &pttls);
-    assert!(
-        c1 - c0 >= 450.0,
-        "only {} of 500 conflicts were answered by the view",
-        c1 - c0
-    );
-    let allowed = 50.0 + background * took;
-    assert!(
-        (e1 - e0) as f64 <= allowed,
-        "the master ran {} evalsha during the storm (allowed {allowed:.0}, quiet rate {background:.1}/s)",
-        e1 - e0
-    );
+        assert_refusals(&result, &pttls);
+        if c1 - c0 < 450.0 {
+            return Err(format!(
+                "only {} of 500 conflicts were answered by the view",
+                c1 - c0
+            ));
+        }
+        let allowed = 50.0 + background * took;
+        if (e1 - e0) as f64 > allowed {
+            return Err(format!(
+                "the master ran {} evalsha during the storm (allowed {allowed:.0}, quiet rate {background:.1}/s)",
+                e1 - e0
+            ));
+        }
+        Ok(())
+    })
+    .await;
 }
 
 /// A show of `tag` whose view on `a` knows E7 held: the show, the hold's
@@ -355,11 +381,17 @@ async fn the_view_never_grants() {
     held(&a, &sh, "T1", None).await;
     wait_view(&a, &sh, "T1").await;
     // A storm first: the view answers conflicts of this show.
-    let c0 = answers(&a, "conflict").await;
-    for a in storm(&a, &sh, &["T1".to_owned()], 50, 10).await {
-        assert_eq!(a.status, 409, "{}", a.body);
-    }
-    assert!(answers(&a, "conflict").await - c0 >= 45.0);
+    in_3_rounds(|| async {
+        let c0 = answers(&a, "conflict").await;
+        for a in storm(&a, &sh, &["T1".to_owned()], 50, 10).await {
+            assert_eq!(a.status, 409, "{}", a.body);
+        }
+        match answers(&a, "conflict").await - c0 {
+            n if n >= 45.0 => Ok(()),
+            n => Err(format!("the view answered {n} of 50 conflicts")),
+        }
+    })
+    .await;
 
     let (status, body) = a
         .post(
@@ -618,28 +650,41 @@ async fn reads_from_the_view_equal_redis() {
             (v, r) => assert_eq!(v, r, "view {view} vs Redis {redis}"),
         }
     };
-    let r0 = answers(&a, "read").await;
+    // Every answer equals Redis's. The view answers while its reader is
+    // current, which it is but for moments (a reply being handled late on
+    // a busy machine): up to 3 rounds for it to answer S1 and H1.
     let seats = ["S0", "S1", "H1", "F1", "F2", "W1", "N1"];
-    for seat in seats {
-        let view = seat_state(&a, &sh, seat).await;
-        let redis = seat_state(&b, &sh, seat).await;
-        close(&view, &redis);
-    }
-    assert!(
-        answers(&a, "read").await - r0 >= 2.0,
-        "the view answered none of the reads of S1 and H1"
-    );
-    let known = "S1,H1";
-    let r0 = answers(&a, "read").await;
-    for ids in [known.to_owned(), seats.join(",")] {
-        let (sa, view) = a.get(&format!("/v1/shows/{sh}/seats?ids={ids}")).await;
-        let (sb, redis) = b.get(&format!("/v1/shows/{sh}/seats?ids={ids}")).await;
-        assert_eq!((sa, sb), (200, 200), "{view} {redis}");
-        for seat in ids.split(',') {
-            close(&view["seats"][seat], &redis["seats"][seat]);
+    for round in 1..=3 {
+        let r0 = answers(&a, "read").await;
+        for seat in seats {
+            let view = seat_state(&a, &sh, seat).await;
+            let redis = seat_state(&b, &sh, seat).await;
+            close(&view, &redis);
         }
+        if answers(&a, "read").await - r0 >= 2.0 {
+            break;
+        }
+        assert!(
+            round < 3,
+            "in 3 rounds the view never answered both reads of S1 and H1"
+        );
     }
-    assert!(answers(&a, "read").await - r0 >= 1.0);
+    let known = "S1,H1";
+    for round in 1..=3 {
+        let r0 = answers(&a, "read").await;
+        for ids in [known.to_owned(), seats.join(",")] {
+            let (sa, view) = a.get(&format!("/v1/shows/{sh}/seats?ids={ids}")).await;
+            let (sb, redis) = b.get(&format!("/v1/shows/{sh}/seats?ids={ids}")).await;
+            assert_eq!((sa, sb), (200, 200), "{view} {redis}");
+            for seat in ids.split(',') {
+                close(&view["seats"][seat], &redis["seats"][seat]);
+            }
+        }
+        if answers(&a, "read").await - r0 >= 1.0 {
+            break;
+        }
+        assert!(round < 3, "in 3 rounds the view answered no batch read");
+    }
 }
 
 /// 5. Holds made before the view existed (through B, before A ever saw the
@@ -667,14 +712,18 @@ async fn holds_made_before_the_view_are_learned() {
     // A's first request of the show makes its view.
     seat_state(&a, &sh, "P1").await;
     tokio::time::sleep(Duration::from_millis(LAG_MS + 50)).await;
-    let c0 = answers(&a, "conflict").await;
-    let result = storm(&a, &sh, &seats, 100, 10).await;
-    assert_refusals(&result, &pttls);
-    let answered = answers(&a, "conflict").await - c0;
-    assert!(
-        answered >= 90.0,
-        "the view answered {answered} of 100 conflicts over holds it should have learned"
-    );
+    in_3_rounds(|| async {
+        let c0 = answers(&a, "conflict").await;
+        let result = storm(&a, &sh, &seats, 100, 10).await;
+        assert_refusals(&result, &pttls);
+        match answers(&a, "conflict").await - c0 {
+            n if n >= 90.0 => Ok(()),
+            n => Err(format!(
+                "the view answered {n} of 100 conflicts over holds it should have learned"
+            )),
+        }
+    })
+    .await;
 
     // M2 given back by B: A's view must not keep it held.
     // (Answered by the view once its reader is current: on a loaded
@@ -763,12 +812,17 @@ async fn a_view_whose_reader_is_not_current_answers_nothing() {
         held(&a, &sh, seat, None).await;
     }
     wait_view(&a, &sh, &seats[0]).await;
-    let c0 = answers(&a, "conflict").await;
-    storm(&a, &sh, &seats, 20, 5).await;
-    assert!(
-        answers(&a, "conflict").await - c0 >= 18.0,
-        "the view was answering"
-    );
+    in_3_rounds(|| async {
+        let c0 = answers(&a, "conflict").await;
+        for a in storm(&a, &sh, &seats, 20, 5).await {
+            assert_eq!(a.status, 409, "{}", a.body);
+        }
+        match answers(&a, "conflict").await - c0 {
+            n if n >= 18.0 => Ok(()),
+            n => Err(format!("the view was answering: {n} of 20 conflicts")),
+        }
+    })
+    .await;
 
     common::pause_clients(master, 1500, "ALL").await;
     let paused = Instant::now();
@@ -808,12 +862,17 @@ async fn a_view_whose_reader_is_not_current_answers_nothing() {
 
     // Current again: the view answers.
     tokio::time::sleep(Duration::from_millis(LAG_MS + 50)).await;
-    let c0 = answers(&a, "conflict").await;
-    storm(&a, &sh, &seats, 20, 5).await;
-    assert!(
-        answers(&a, "conflict").await - c0 >= 18.0,
-        "the view answers again"
-    );
+    in_3_rounds(|| async {
+        let c0 = answers(&a, "conflict").await;
+        for a in storm(&a, &sh, &seats, 20, 5).await {
+            assert_eq!(a.status, 409, "{}", a.body);
+        }
+        match answers(&a, "conflict").await - c0 {
+            n if n >= 18.0 => Ok(()),
+            n => Err(format!("the view answers again: {n} of 20 conflicts")),
+        }
+    })
+    .await;
 }
 
 /// 8. The switches: `--view-max-lag-ms 0` turns the view off (a storm goes
@@ -871,7 +930,9 @@ async fn a_late_expiry_does_not_free_a_seat_held_again() {
     let a = server_with(with_view()).await;
     let b = server_with(without_view()).await;
     let sh = show("late");
-    held(&b, &sh, "E1", Some(1500)).await;
+    // Long enough for the view to be made and answer while the hold has
+    // more than the lag bound left.
+    held(&b, &sh, "E1", Some(3000)).await;
     wait_view(&a, &sh, "E1").await;
     let _: () = redis::cmd("DEL")
         .arg(format!("seat-hold:{{show:{sh}}}:E1"))
@@ -880,7 +941,7 @@ async fn a_late_expiry_does_not_free_a_seat_held_again() {
         .expect("raw DEL");
     held(&b, &sh, "E1", None).await;
     eventually(
-        Duration::from_secs(5),
+        Duration::from_secs(8),
         "the first hold's expired event",
         || async {
             let (_, page) = b
@@ -897,14 +958,17 @@ async fn a_late_expiry_does_not_free_a_seat_held_again() {
     let redis = seat_state(&b, &sh, "E1").await;
     assert_eq!(redis["state"], "held", "{redis}");
     assert_eq!(view["state"], "held", "A says {view}, Redis {redis}");
-    let c0 = answers(&a, "conflict").await;
-    let (status, body) = hold_one(&a, &sh, "E1", None).await;
-    assert_eq!(status, 409, "{body}");
-    assert_eq!(
-        answers(&a, "conflict").await - c0,
-        1.0,
-        "the view refuses E1"
-    );
+    // Refused every time, by the view once its reader is current (it is
+    // but for moments on a busy machine).
+    for round in 1..=3 {
+        let c0 = answers(&a, "conflict").await;
+        let (status, body) = hold_one(&a, &sh, "E1", None).await;
+        assert_eq!(status, 409, "{body}");
+        if answers(&a, "conflict").await - c0 == 1.0 {
+            break;
+        }
+        assert!(round < 3, "in 3 tries the view never refused E1");
+    }
 }
 
 /// A view made while a seat it learns from the deadline index is being
