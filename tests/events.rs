@@ -1655,13 +1655,14 @@ async fn sse_delivers_held_fast_in_contract_frames() {
         );
         // The event is dated by its id, the hold by its seat's expiry (on
         // Redis's clock, read in the same script just before the event
-        // was written): the same millisecond, or the next when the script
-        // crossed into it.
+        // was written): the same millisecond, or one a little later when
+        // the script crossed into it (more than one when redis-server lost
+        // its core for a moment mid-script on a busy machine).
         let created = iso_ms(hold["expiresAt"].as_str().expect("expiresAt")) - LONG_TTL as i64;
         let at = iso_ms(e["at"].as_str().expect("at"));
         assert_eq!(id_ms(&id), at);
         assert!(
-            (0..=1).contains(&(at - created)),
+            (0..=20).contains(&(at - created)),
             "event at {at}, hold created {created}"
         );
     }
