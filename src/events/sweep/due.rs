@@ -1,6 +1,7 @@
 //! Which shows are due when: this instance's schedule of deadlines, the
 //! holds it expired lately, and the pauses of masters whose sweeps failed.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,6 +83,31 @@ impl Recent {
     }
 }
 
+/// A show as the schedule's B-trees hold it: a hash of its id first, so
+/// that a search compares integers kept in the trees' nodes and reads a
+/// show's id (a string on the heap) only when two hashes are equal. Keyed
+/// by the id alone, every step of a search read one: with single-seat holds
+/// on new shows, hundreds of thousands of shows waited, and each hold's
+/// two searches cost tens of cache misses (the daemon's CPU per hold with
+/// events on was 31% over off in `cluster/bench.sh`'s random shows, equal
+/// for one hot show).
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Key {
+    hash: u64,
+    show: ShowId,
+}
+
+impl Key {
+    fn of(show: &ShowId) -> Self {
+        use std::hash::BuildHasher;
+        Self {
+            // A fixed seed: the hash orders the trees, it guards nothing.
+            hash: foldhash::fast::FixedState::default().hash_one(show.as_str()),
+            show: show.clone(),
+        }
+    }
+}
+
 /// The shows to sweep, by show and in deadline order: scheduling and taking
 /// the next due shows cost a logarithm of the shows known, not their
 /// number, as every hold schedules its show.
@@ -95,8 +121,8 @@ impl Recent {
 /// doubling alone took 0.5-0.8 s.
 #[derive(Default)]
 pub(super) struct Due {
-    by_show: BTreeMap<ShowId, Instant>,
-    order: BTreeSet<(Instant, ShowId)>,
+    by_show: BTreeMap<Key, Instant>,
+    order: BTreeSet<(Instant, Key)>,
     /// Shows being swept now, with what came for them meanwhile: not
     /// started again until that sweep answers, and kept out of `order`, so
     /// taking the next due shows never steps over them.
@@ -173,14 +199,21 @@ impl Due {
             meanwhile.at = Some(meanwhile.at.map_or(at, |a| a.min(at)));
             return false;
         }
-        if let Some(old) = self.by_show.get(show).copied() {
-            if only_earlier && at >= old {
-                return false;
+        let key = Key::of(show);
+        match self.by_show.entry(key.clone()) {
+            Entry::Occupied(mut known) => {
+                let old = *known.get();
+                if only_earlier && at >= old {
+                    return false;
+                }
+                known.insert(at);
+                self.order.remove(&(old, key.clone()));
             }
-            self.order.remove(&(old, show.clone()));
+            Entry::Vacant(new) => {
+                new.insert(at);
+            }
         }
-        self.by_show.insert(show.clone(), at);
-        self.order.insert((at, show.clone()));
+        self.order.insert((at, key));
         self.order.first().is_some_and(|(first, _)| *first == at)
     }
 
@@ -197,7 +230,7 @@ impl Due {
         // instance's own hold, heard before its timer fired).
         if self
             .by_show
-            .get(show)
+            .get(&Key::of(show))
             .is_some_and(|at| *at <= now + SWEEP_SOON)
         {
             return false;
@@ -228,10 +261,11 @@ impl Due {
                 Some((at, _)) if *at <= now => {}
                 _ => break,
             }
-            let Some((at, show)) = self.order.pop_first() else {
+            let Some((at, key)) = self.order.pop_first() else {
                 break;
             };
-            self.by_show.remove(&show);
+            self.by_show.remove(&key);
+            let show = key.show;
             let master = master_of(&show);
             if let Some(paused) = self.paused.get_mut(&master) {
                 if now < paused.until || paused.probe.is_some() {
@@ -401,7 +435,8 @@ impl Due {
     /// Every show this instance sweeps (waiting, being swept, or parked),
     /// once each.
     pub(super) fn shows(&self) -> Vec<ShowId> {
-        let mut shows: std::collections::BTreeSet<&ShowId> = self.by_show.keys().collect();
+        let mut shows: std::collections::BTreeSet<&ShowId> =
+            self.by_show.keys().map(|k| &k.show).collect();
         shows.extend(self.running.keys());
         shows.extend(self.paused.values().flat_map(|p| p.parked.iter()));
         shows.extend(
@@ -628,8 +663,10 @@ mod tests {
         let ms = |n: u64| now + Duration::from_millis(n);
         let m: Arc<str> = Arc::from("m");
         let mut due = Due::default();
-        for s in ["a", "b", "c", "xa"] {
-            due.set(&show(s), ms(0), true);
+        // Due in this order (shows due at one instant go in their hashes'
+        // order).
+        for (i, s) in (0u64..).zip(["a", "b", "c", "xa"]) {
+            due.set(&show(s), now - Duration::from_micros(4 - i), true);
         }
         let first = due.start(ms(0), 2, two_masters);
         assert_eq!(
