@@ -2,12 +2,13 @@
 //! holds it expired lately, and the pauses of masters whose sweeps failed.
 
 use std::collections::btree_map::Entry;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::recent::Recent;
 use crate::ids::ShowId;
 
 /// A show already due this soon needs nothing more for an expiry
@@ -32,65 +33,13 @@ pub(super) const PAUSE_FIRST: Duration = Duration::from_millis(250);
 pub(super) const PER_MASTER: usize = super::PARALLEL / 2;
 pub(super) const PAUSE_MAX: Duration = Duration::from_secs(2);
 
-/// How long a hold this instance expired is remembered: Redis's expiry
-/// notification of its record, which comes after the record is deleted
-/// (usually within a second, seconds under heavy expiry load), is then
-/// known to need no sweep.
-const REMEMBER: Duration = Duration::from_secs(10);
-
-/// The refs of the holds this instance expired in the last [`REMEMBER`] to
-/// twice that: two generations, the older dropped whole.
-struct Recent {
-    current: HashSet<u64>,
-    older: HashSet<u64>,
-    since: Instant,
-}
-
-impl Default for Recent {
-    fn default() -> Self {
-        Self {
-            current: HashSet::new(),
-            older: HashSet::new(),
-            since: Instant::now(),
-        }
-    }
-}
-
-impl Recent {
-    fn rotate(&mut self, now: Instant) {
-        let age = now.duration_since(self.since);
-        if age >= REMEMBER {
-            // The new generation starts at the size of the last one: grown
-            // from empty, it rehashed itself under the sweeper's lock every
-            // time it doubled, with every hold waiting.
-            let size = self.current.len();
-            self.older = std::mem::replace(&mut self.current, HashSet::with_capacity(size));
-            if age >= REMEMBER * 2 {
-                self.older.clear();
-            }
-            self.since = now;
-        }
-    }
-
-    fn insert(&mut self, now: Instant, hold: u64) {
-        self.rotate(now);
-        self.current.insert(hold);
-    }
-
-    fn contains(&mut self, now: Instant, hold: u64) -> bool {
-        self.rotate(now);
-        self.current.contains(&hold) || self.older.contains(&hold)
-    }
-}
-
 /// A show as the schedule's B-trees hold it: a hash of its id first, so
 /// that a search compares integers kept in the trees' nodes and reads a
 /// show's id (a string on the heap) only when two hashes are equal. Keyed
 /// by the id alone, every step of a search read one: with single-seat holds
-/// on new shows, hundreds of thousands of shows waited, and each hold's
-/// two searches cost tens of cache misses (the daemon's CPU per hold with
-/// events on was 31% over off in `cluster/bench.sh`'s random shows, equal
-/// for one hot show).
+/// on new shows, hundreds of thousands of shows wait, and each hold's
+/// search read tens of them (0.5-1.9 us of the daemon's 28 us per hold,
+/// `cluster/bench/ab.sh`, random shows).
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Key {
     hash: u64,
@@ -467,6 +416,7 @@ impl Due {
 
 #[cfg(test)]
 mod tests {
+    use super::super::recent::REMEMBER;
     use super::*;
 
     fn show(s: &str) -> ShowId {
