@@ -203,6 +203,29 @@ where
     panic!("in 3 rounds: {failed:#?}");
 }
 
+/// A storm of `n` holds of `seats` (`parallel` in flight), every one a
+/// 409, of which the view answers at least `least` (in 3 rounds at most).
+async fn view_storm(
+    a: &TestServer,
+    sh: &str,
+    seats: &[String],
+    (n, parallel): (usize, usize),
+    least: f64,
+    what: &str,
+) {
+    in_3_rounds(|| async {
+        let c0 = answers(a, "conflict").await;
+        for answer in storm(a, sh, seats, n, parallel).await {
+            assert_eq!(answer.status, 409, "{}", answer.body);
+        }
+        match answers(a, "conflict").await - c0 {
+            got if got >= least => Ok(()),
+            got => Err(format!("{what}: the view answered {got} of {n} conflicts")),
+        }
+    })
+    .await;
+}
+
 /// 1. A conflict storm: 500 single-seat holds (20 in flight) of 10 held
 ///    seats, once the view is current, are all the 409 Redis would give,
 ///    and at least 90% of them reach no Redis node: the view's conflict
@@ -381,17 +404,7 @@ async fn the_view_never_grants() {
     held(&a, &sh, "T1", None).await;
     wait_view(&a, &sh, "T1").await;
     // A storm first: the view answers conflicts of this show.
-    in_3_rounds(|| async {
-        let c0 = answers(&a, "conflict").await;
-        for a in storm(&a, &sh, &["T1".to_owned()], 50, 10).await {
-            assert_eq!(a.status, 409, "{}", a.body);
-        }
-        match answers(&a, "conflict").await - c0 {
-            n if n >= 45.0 => Ok(()),
-            n => Err(format!("the view answered {n} of 50 conflicts")),
-        }
-    })
-    .await;
+    view_storm(&a, &sh, &["T1".to_owned()], (50, 10), 45.0, "T1 held").await;
 
     let (status, body) = a
         .post(
@@ -812,17 +825,7 @@ async fn a_view_whose_reader_is_not_current_answers_nothing() {
         held(&a, &sh, seat, None).await;
     }
     wait_view(&a, &sh, &seats[0]).await;
-    in_3_rounds(|| async {
-        let c0 = answers(&a, "conflict").await;
-        for a in storm(&a, &sh, &seats, 20, 5).await {
-            assert_eq!(a.status, 409, "{}", a.body);
-        }
-        match answers(&a, "conflict").await - c0 {
-            n if n >= 18.0 => Ok(()),
-            n => Err(format!("the view was answering: {n} of 20 conflicts")),
-        }
-    })
-    .await;
+    view_storm(&a, &sh, &seats, (20, 5), 18.0, "the view was answering").await;
 
     common::pause_clients(master, 1500, "ALL").await;
     let paused = Instant::now();
@@ -862,17 +865,7 @@ async fn a_view_whose_reader_is_not_current_answers_nothing() {
 
     // Current again: the view answers.
     tokio::time::sleep(Duration::from_millis(LAG_MS + 50)).await;
-    in_3_rounds(|| async {
-        let c0 = answers(&a, "conflict").await;
-        for a in storm(&a, &sh, &seats, 20, 5).await {
-            assert_eq!(a.status, 409, "{}", a.body);
-        }
-        match answers(&a, "conflict").await - c0 {
-            n if n >= 18.0 => Ok(()),
-            n => Err(format!("the view answers again: {n} of 20 conflicts")),
-        }
-    })
-    .await;
+    view_storm(&a, &sh, &seats, (20, 5), 18.0, "the view answers again").await;
 }
 
 /// 8. The switches: `--view-max-lag-ms 0` turns the view off (a storm goes
