@@ -1,13 +1,13 @@
 //! Which shows are due when: this instance's schedule of deadlines, the
 //! holds it expired lately, and the pauses of masters whose sweeps failed.
 
-use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::key::{hash_of, Key, KeyView};
 use super::recent::Recent;
 use crate::ids::ShowId;
 
@@ -32,30 +32,6 @@ pub(super) const PAUSE_FIRST: Duration = Duration::from_millis(250);
 /// would wait the whole timeout for one.
 pub(super) const PER_MASTER: usize = super::PARALLEL / 2;
 pub(super) const PAUSE_MAX: Duration = Duration::from_secs(2);
-
-/// A show as the schedule's B-trees hold it: a hash of its id first, so
-/// that a search compares integers kept in the trees' nodes and reads a
-/// show's id (a string on the heap) only when two hashes are equal. Keyed
-/// by the id alone, every step of a search read one: with single-seat holds
-/// on new shows, hundreds of thousands of shows wait, and each hold's
-/// search read tens of them (0.5-1.9 us of the daemon's 28 us per hold,
-/// `cluster/bench/ab.sh`, random shows).
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Key {
-    hash: u64,
-    show: ShowId,
-}
-
-impl Key {
-    fn of(show: &ShowId) -> Self {
-        use std::hash::BuildHasher;
-        Self {
-            // A fixed seed: the hash orders the trees, it guards nothing.
-            hash: foldhash::fast::FixedState::default().hash_one(show.as_str()),
-            show: show.clone(),
-        }
-    }
-}
 
 /// The shows to sweep, by show and in deadline order: scheduling and taking
 /// the next due shows cost a logarithm of the shows known, not their
@@ -148,20 +124,22 @@ impl Due {
             meanwhile.at = Some(meanwhile.at.map_or(at, |a| a.min(at)));
             return false;
         }
-        let key = Key::of(show);
-        match self.by_show.entry(key.clone()) {
-            Entry::Occupied(mut known) => {
-                let old = *known.get();
-                if only_earlier && at >= old {
-                    return false;
-                }
-                known.insert(at);
-                self.order.remove(&(old, key.clone()));
-            }
-            Entry::Vacant(new) => {
-                new.insert(at);
-            }
+        let hash = hash_of(show);
+        let known = self
+            .by_show
+            .get(&(hash, show.as_str()) as &dyn KeyView)
+            .copied();
+        if only_earlier && known.is_some_and(|old| at >= old) {
+            return false;
         }
+        let key = Key {
+            hash,
+            show: show.clone(),
+        };
+        if let Some(old) = known {
+            self.order.remove(&(old, key.clone()));
+        }
+        self.by_show.insert(key.clone(), at);
         self.order.insert((at, key));
         self.order.first().is_some_and(|(first, _)| *first == at)
     }
@@ -179,7 +157,7 @@ impl Due {
         // instance's own hold, heard before its timer fired).
         if self
             .by_show
-            .get(&Key::of(show))
+            .get(&(hash_of(show), show.as_str()) as &dyn KeyView)
             .is_some_and(|at| *at <= now + SWEEP_SOON)
         {
             return false;
@@ -605,6 +583,29 @@ mod tests {
                 assert_eq!(next[0].0, show(&format!("xnew{round}")));
             }
         }
+    }
+
+    /// The schedule finds a show by its borrowed (hash, id) as by its key:
+    /// a later deadline leaves each of many shows as it was, an earlier one
+    /// moves it, and none is scheduled twice.
+    #[test]
+    fn shows_are_found_by_their_borrowed_keys() {
+        let now = Instant::now();
+        let ms = |n: u64| now + Duration::from_millis(n);
+        let mut due = Due::default();
+        let shows: Vec<ShowId> = (0..1000).map(|i| show(&format!("s{i}"))).collect();
+        for s in &shows {
+            due.set(s, ms(100), true);
+        }
+        for s in &shows {
+            assert!(!due.set(s, ms(200), true), "{s} later");
+        }
+        assert_eq!((due.waiting(), due.order.len()), (1000, 1000));
+        assert!(due.set(&shows[500], ms(50), true), "the earliest now");
+        assert_eq!((due.waiting(), due.order.len()), (1000, 1000));
+        let first = due.start(ms(60), 8, two_masters);
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].0, shows[500]);
     }
 
     #[test]

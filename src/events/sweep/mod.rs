@@ -44,6 +44,7 @@ use crate::metrics as m;
 
 mod due;
 mod find;
+mod key;
 mod recent;
 
 use due::{Due, PauseChange, Swept, PAUSE_FIRST, PAUSE_MAX};
